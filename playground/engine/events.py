@@ -1,0 +1,160 @@
+"""Step events and run statistics: the one place where tau and alpha are defined.
+
+Terms (as Spec-Bench and the speculative decoding papers use them):
+
+* a *step* is one target forward pass (the prefill counts as the first step; it
+  emits the first new token);
+* *tau*, mean accepted tokens per step = new tokens / steps, the bonus (or
+  correction) token included, so plain autoregressive decoding has tau = 1;
+* *alpha*, acceptance rate = accepted draft tokens / proposed draft tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Sources of emitted tokens. The verifier tags each token; the UI maps them to colours.
+SOURCE_TARGET = "target"
+"""The bonus or correction token sampled from the target itself."""
+SOURCE_DRAFT = "draft"
+SOURCE_PROMPT_LOOKUP = "prompt_lookup"
+
+
+@dataclass
+class RunStats:
+    """Running totals of one decoding run.
+
+    All times are seconds of wall-clock time spent in this run's own steps (on
+    CUDA the clock is read after a device synchronise).
+    """
+
+    new_tokens: int = 0
+    steps: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    elapsed_s: float = 0.0
+    ttft_s: float = 0.0
+    prefill_tokens: int = 0
+    # Time split of decode steps (prefill excluded).
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    # Per-position acceptance: accepted_at[i] counts steps whose i-th drafted token was accepted;
+    # proposed_at[i] counts steps that proposed at least i+1 tokens on the accepted path's depth.
+    proposed_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    # (elapsed seconds, total new tokens) after each step, for charts.
+    timeline: list[tuple[float, int]] = field(default_factory=list)
+
+    def record_step(self, *, seconds: float, emitted: int, proposed: int = 0, accepted: int = 0,
+                    draft_s: float = 0.0, verify_s: float = 0.0, proposed_depth: int = 0,
+                    prefill: bool = False) -> None:
+        """Add one step.
+
+        Args:
+            seconds: wall time of the step (drafting plus verification), seconds.
+            emitted: tokens emitted by the step (accepted candidates plus the bonus token,
+                after truncation at EOS or the token limit).
+            proposed: candidate tokens the drafter proposed (all nodes of the tree).
+            accepted: candidate tokens accepted (bonus token not included).
+            draft_s, verify_s: the split of ``seconds`` between drafting and verifying.
+            proposed_depth: depth of the proposal (longest root-to-leaf path), for the
+                per-position acceptance counts.
+            prefill: whether this is the prefill step (its time is the time to first token).
+        """
+        self.steps += 1
+        self.new_tokens += emitted
+        self.proposed += proposed
+        self.accepted += accepted
+        self.elapsed_s += seconds
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        if prefill:
+            self.ttft_s = seconds
+        while len(self.proposed_at) < proposed_depth:
+            self.proposed_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(proposed_depth):
+            self.proposed_at[i] += 1
+        for i in range(min(accepted, proposed_depth)):
+            self.accepted_at[i] += 1
+        self.timeline.append((self.elapsed_s, self.new_tokens))
+
+    @property
+    def tokens_per_s(self) -> float:
+        """New tokens per second of this run's own time (prefill included)."""
+        return self.new_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """New tokens after the first per second after the prefill."""
+        t = self.elapsed_s - self.ttft_s
+        return (self.new_tokens - 1) / t if t > 0 and self.new_tokens > 1 else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Mean accepted tokens per step (bonus token included): new tokens / steps."""
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def alpha(self) -> float | None:
+        """Acceptance rate: accepted / proposed draft tokens; None when nothing was proposed."""
+        return self.accepted / self.proposed if self.proposed else None
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """Fraction of steps whose i-th drafted token was accepted, among steps that drafted one."""
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
+
+    def as_dict(self) -> dict:
+        """Plain-data summary (for JSON, the UI and pickling across processes)."""
+        return {
+            "new_tokens": self.new_tokens,
+            "steps": self.steps,
+            "proposed": self.proposed,
+            "accepted": self.accepted,
+            "elapsed_s": self.elapsed_s,
+            "ttft_s": self.ttft_s,
+            "tokens_per_s": self.tokens_per_s,
+            "tau": self.tau,
+            "alpha": self.alpha,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "per_position_acceptance": self.per_position_acceptance,
+        }
+
+
+@dataclass
+class StepEvent:
+    """What one step of one method produced.
+
+    Attributes:
+        method: the method's name (``autoregressive``, ``prompt_lookup``, ``draft_model``, ...).
+        step: 0 for the prefill step, then 1, 2, ...
+        tokens: token ids emitted by this step, in order, ``(num_emitted,)``.
+        sources: source of each emitted token (``SOURCE_TARGET`` for the bonus/correction
+            token, the drafter's source tag for accepted candidates), same length as ``tokens``.
+        pieces: ``(text, source)`` pairs: the text this step adds to the output, split by
+            token where the detokeniser allows (a multi-byte character split across tokens is
+            attributed to the token that completes it). Concatenated over all events, the
+            texts equal the final output text.
+        proposed: candidates proposed this step; accepted: candidates accepted this step.
+        seconds: wall time of this step.
+        margins: the target's top-1 minus top-2 logit at each emitted token's position,
+            same length as ``tokens`` (used to tell a numerical near-tie from a bug).
+        stats: the run's totals after this step.
+        finished: whether the run is over; finish_reason is ``"eos"``, ``"length"``,
+            ``"stop"`` or ``"cancelled"`` when it is.
+    """
+
+    method: str
+    step: int
+    tokens: list[int]
+    sources: list[str]
+    pieces: list[tuple[str, str]]
+    proposed: int
+    accepted: int
+    seconds: float
+    margins: list[float]
+    stats: RunStats
+    finished: bool = False
+    finish_reason: str | None = None

@@ -1,0 +1,97 @@
+"""Named limits shared by the engine's argument checks and the UI's sliders.
+
+Every knob a user can set is described once here, as a :class:`Knob`: its name,
+bounds, default and step. The API checks values with :meth:`Knob.check` (which
+raises ``ValueError`` naming the bound, e.g. ``k must be in [1, 16], got 0``) and
+the UI builds its sliders from the same objects, so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_SPECULATIVE_TOKENS = 16
+"""Largest K (gamma): speculative tokens a draft model proposes per step."""
+
+MAX_PROMPT_LOOKUP_NGRAM = 8
+"""Largest n-gram size prompt lookup tries to match."""
+
+MAX_PROMPT_LOOKUP_TOKENS = 16
+"""Largest number of tokens prompt lookup copies after a match."""
+
+MAX_NEW_TOKENS = 2048
+"""Largest number of new tokens one run may generate."""
+
+MAX_TEMPERATURE = 2.0
+MAX_TOP_K = 1000
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One bounded numeric setting.
+
+    Attributes:
+        name: the keyword used by the API (``k``, ``max_ngram_size``, ...).
+        label: the text shown next to the UI slider.
+        minimum, maximum: inclusive bounds.
+        default: the value used when the caller gives none.
+        step: the slider step (1 for integers).
+        integer: whether the value must be an integer.
+        info: one line of help for the UI.
+    """
+
+    name: str
+    label: str
+    minimum: float
+    maximum: float
+    default: float
+    step: float = 1
+    integer: bool = True
+    info: str = ""
+
+    def check(self, value) -> int | float:
+        """Return ``value`` converted to int/float, or raise ``ValueError`` naming the bound.
+
+        Raises:
+            ValueError: ``"<name> must be in [min, max], got <value>"`` when out of range,
+                or ``"<name> must be an integer, got <value>"``.
+        """
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{self.name} must be a number, got {value!r}") from None
+        if value != value:  # NaN
+            raise ValueError(f"{self.name} must be a number, got NaN")
+        if self.integer:
+            if float(value) != int(value):
+                raise ValueError(f"{self.name} must be an integer, got {value}")
+            value = int(value)
+        else:
+            value = float(value)
+        if not (self.minimum <= value <= self.maximum):
+            lo = int(self.minimum) if self.integer else self.minimum
+            hi = int(self.maximum) if self.integer else self.maximum
+            raise ValueError(f"{self.name} must be in [{lo}, {hi}], got {value}")
+        return value
+
+
+# Generation settings -------------------------------------------------------
+MAX_NEW_TOKENS_KNOB = Knob("max_new_tokens", "Max new tokens", 1, MAX_NEW_TOKENS, 128,
+                           info="Generation stops after this many new tokens (or at EOS).")
+TEMPERATURE_KNOB = Knob("temperature", "Temperature", 0.0, MAX_TEMPERATURE, 0.0, step=0.05,
+                        integer=False, info="0 = greedy decoding (lossless methods must match the baseline).")
+TOP_P_KNOB = Knob("top_p", "Top-p", 0.01, 1.0, 1.0, step=0.01, integer=False,
+                  info="Nucleus sampling: keep the smallest set of tokens with this much probability.")
+TOP_K_KNOB = Knob("top_k", "Top-k", 0, MAX_TOP_K, 0, info="Keep the k most likely tokens; 0 = off.")
+SEED_KNOB = Knob("seed", "Seed", 0, 2**31 - 1, 0, info="Seed of the sampling generator.")
+
+# Method knobs ---------------------------------------------------------------
+K_KNOB = Knob("k", "Speculative tokens K", 1, MAX_SPECULATIVE_TOKENS, 4,
+              info="Tokens the draft model proposes per step (gamma).")
+PROMPT_LOOKUP_NGRAM_KNOB = Knob("max_ngram_size", "Max n-gram size", 1, MAX_PROMPT_LOOKUP_NGRAM, 3,
+                                info="Longest suffix n-gram searched for in the prompt and output so far.")
+PROMPT_LOOKUP_TOKENS_KNOB = Knob("num_pred_tokens", "Tokens to propose", 1, MAX_PROMPT_LOOKUP_TOKENS, 10,
+                                 info="Tokens copied after the match and proposed for verification.")
+
+GENERATION_KNOBS = (MAX_NEW_TOKENS_KNOB, TEMPERATURE_KNOB, TOP_P_KNOB, TOP_K_KNOB, SEED_KNOB)
