@@ -1,0 +1,1 @@
+"""The engine: everything that decodes. Imports no UI code."""

@@ -1,0 +1,84 @@
+"""The drafter interface every method implements: ``begin``, ``propose``, ``update``.
+
+The decoding loop (:mod:`playground.engine.decoding`) never branches on a method's
+name: it asks the drafter for :class:`~playground.engine.tree.Candidates`, verifies
+them with the one verifier, and reports the verdict back through :meth:`Drafter.update`.
+Plain autoregressive decoding is the drafter that proposes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .sampling import SamplingConfig
+from .tree import Candidates
+
+
+@dataclass
+class DecodeState:
+    """What a drafter may read when it proposes.
+
+    Attributes:
+        tokens: prompt plus every emitted token so far; ``tokens[-1]`` is the root of the
+            next candidate tree (emitted, not yet in the target's KV cache).
+        prompt_len: number of prompt tokens at the start of ``tokens``.
+        sampling: the run's sampling settings (drafters that sample must use the same
+            temperature / top-k / top-p transform as the target).
+        generator: the run's seeded generator, None under greedy decoding.
+        budget: the most candidate tokens worth proposing along any path this step
+            (tokens left before max new tokens or the context end, minus the bonus token).
+        device: the target's device.
+        vocab_size: the target's vocabulary size (the width of ``draft_probs`` rows).
+    """
+
+    tokens: list[int]
+    prompt_len: int
+    sampling: SamplingConfig
+    generator: torch.Generator | None
+    budget: int
+    device: torch.device
+    vocab_size: int
+
+
+@dataclass
+class StepResult:
+    """The verdict of one step, as drafters see it in :meth:`Drafter.update`.
+
+    Attributes:
+        candidates: what was proposed.
+        path: accepted candidate indices, root to leaf.
+        bonus_token: the target's token after the path.
+        tokens: ``tokens`` of the state after the step (root and accepted path committed,
+            the bonus token as the new root).
+    """
+
+    candidates: Candidates
+    path: list[int]
+    bonus_token: int
+    tokens: list[int] = field(default_factory=list)
+
+
+class Drafter:
+    """Base class of all drafters.
+
+    Class attributes:
+        name: method name used by the API, the benchmark and the UI.
+        source: tag of the tokens it contributes (the UI colours tokens by it).
+        lossless: whether greedy output must equal the baseline's token for token.
+    """
+
+    name = "drafter"
+    source = "draft"
+    lossless = True
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        """Forget any previous sequence; a new run starts with ``prompt_ids``."""
+
+    def propose(self, state: DecodeState) -> Candidates:
+        """Return candidates rooted at ``state.tokens[-1]`` (at most ``state.budget`` deep)."""
+        raise NotImplementedError
+
+    def update(self, result: StepResult) -> None:
+        """Learn from the step's verdict (roll back caches, update pools)."""

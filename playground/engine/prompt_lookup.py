@@ -1,0 +1,64 @@
+"""Prompt lookup decoding: copy the continuation of an earlier match of the latest n-gram.
+
+Source: Saxena 2023, "Prompt Lookup Decoding" (apoorvumang/prompt-lookup-decoding), the
+method behind transformers' ``prompt_lookup_num_tokens``. The drafter searches the
+prompt plus the output so far for the longest suffix n-gram (size ``max_ngram_size``
+down to 1) that occurred before, and proposes the ``num_pred_tokens`` tokens that
+followed it. It is deterministic, so under sampling the verifier uses the one-hot rule.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .drafter import DecodeState, Drafter
+from .events import SOURCE_PROMPT_LOOKUP
+from .limits import PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB
+from .tree import Candidates
+
+
+def find_candidate(tokens: torch.Tensor, max_ngram_size: int, num_pred_tokens: int) -> list[int]:
+    """Tokens that followed the most recent earlier occurrence of the longest matching suffix.
+
+    Args:
+        tokens: ``(seq_len,)`` int64, prompt plus output so far (CPU).
+        max_ngram_size: longest suffix tried; shorter ones are tried down to 1.
+        num_pred_tokens: how many following tokens to return at most.
+
+    Returns:
+        Up to ``num_pred_tokens`` token ids; empty when no suffix n-gram recurs.
+    """
+    seq_len = tokens.shape[0]
+    for n in range(min(max_ngram_size, seq_len - 1), 0, -1):
+        suffix = tokens[seq_len - n:]
+        # Windows starting at 0 .. seq_len - n - 1: every earlier occurrence, never the suffix itself.
+        windows = tokens[:seq_len - 1].unfold(0, n, 1)
+        hits = (windows == suffix).all(dim=1).nonzero().flatten()
+        for start in reversed(hits.tolist()):  # most recent first
+            follow = tokens[start + n:start + n + num_pred_tokens]
+            if follow.numel():
+                return follow.tolist()
+    return []
+
+
+class PromptLookupDrafter(Drafter):
+    """Prompt lookup (n-gram copy) drafter; knobs ``max_ngram_size`` and ``num_pred_tokens``.
+
+    Raises:
+        ValueError: when a knob is outside its bound in :mod:`playground.engine.limits`.
+    """
+
+    name = "prompt_lookup"
+    source = SOURCE_PROMPT_LOOKUP
+
+    def __init__(self, max_ngram_size: int = PROMPT_LOOKUP_NGRAM_KNOB.default,
+                 num_pred_tokens: int = PROMPT_LOOKUP_TOKENS_KNOB.default):
+        self.max_ngram_size = PROMPT_LOOKUP_NGRAM_KNOB.check(max_ngram_size)
+        self.num_pred_tokens = PROMPT_LOOKUP_TOKENS_KNOB.check(num_pred_tokens)
+
+    def propose(self, state: DecodeState) -> Candidates:
+        k = min(self.num_pred_tokens, state.budget)
+        if k <= 0:
+            return Candidates.empty(state.device)
+        found = find_candidate(torch.tensor(state.tokens), self.max_ngram_size, k)
+        return Candidates.chain(found, self.source, device=state.device)

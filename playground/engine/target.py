@@ -1,0 +1,106 @@
+"""A causal LM with a KV cache: one forward over a chain or a candidate tree, then commit.
+
+Used for the target (verification) and for the draft model (drafting). The cache is
+a transformers ``DynamicCache`` and is changed in place.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import DynamicCache
+
+from .tree import tree_attention_inputs
+
+
+class CausalLM:
+    """Forward passes with a KV cache for one model.
+
+    Args:
+        model: a transformers causal LM in eval mode.
+        device: the model's device (clocks synchronise on CUDA).
+    """
+
+    def __init__(self, model, device: torch.device | str | None = None):
+        self.model = model
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.vocab_size = int(model.config.vocab_size)
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config)
+
+    def sync(self) -> None:
+        """Wait for queued device work, so that a clock read after it is honest."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.device.type == "mps":
+            torch.mps.synchronize()
+
+    def clock(self) -> float:
+        """Seconds, read after synchronising the device."""
+        self.sync()
+        return time.perf_counter()
+
+    @torch.inference_mode()
+    def forward(self, cache: DynamicCache, input_ids: torch.Tensor, parents: torch.Tensor | None = None) -> torch.Tensor:
+        """Run ``input_ids`` after the cached prefix and append them to the cache.
+
+        Args:
+            cache: the KV cache holding the prefix (``past_len`` tokens); grows by ``q_len``.
+            input_ids: ``(q_len,)`` int64. With ``parents`` None they form a chain
+                (ordinary causal attention).
+            parents: optional ``(q_len - 1,)`` parent indices: ``input_ids[0]`` is the root
+                and ``input_ids[1:]`` a candidate tree (see :mod:`playground.engine.tree`);
+                attention then follows the tree and position ids are ``past_len + depth``.
+
+        Returns:
+            ``(q_len, vocab_size)`` float32 logits; row i predicts the token after node i.
+        """
+        if input_ids.dim() != 1 or input_ids.shape[0] == 0:
+            raise ValueError(f"input_ids must have shape (q_len,) with q_len >= 1, got {tuple(input_ids.shape)}")
+        past_len = cache.get_seq_length()
+        q_len = input_ids.shape[0]
+        ids = input_ids.to(self.device)[None]
+        is_chain = parents is None or bool((parents.cpu() == torch.arange(-1, q_len - 2)).all())
+        if is_chain:
+            position_ids = torch.arange(past_len, past_len + q_len, device=self.device)[None]
+            out = self.model(input_ids=ids, position_ids=position_ids, cache=cache, use_cache=True)
+        else:
+            if parents.shape != (q_len - 1,):
+                raise ValueError(f"parents must have shape ({q_len - 1},), got {tuple(parents.shape)}")
+            mask, position_ids = tree_attention_inputs(parents, past_len, self.dtype, self.device)
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
+                             cache=cache, use_cache=True)
+        return out.logits[0].float()
+
+    @staticmethod
+    def crop(cache: DynamicCache, length: int) -> None:
+        """Drop cached tokens beyond the first ``length``."""
+        extra = cache.get_seq_length() - length
+        if extra > 0:
+            cache.crop(-extra)
+
+    @staticmethod
+    @torch.inference_mode()
+    def keep(cache: DynamicCache, past_len: int, keep_offsets: list[int]) -> None:
+        """Keep the prefix plus the nodes at ``keep_offsets`` of the last forward's queries.
+
+        Args:
+            past_len: cache length before the last forward.
+            keep_offsets: increasing offsets (0 = the root) of the queries to keep, e.g. the
+                root followed by the accepted path. A contiguous run from 0 is a plain crop;
+                otherwise each layer's keys and values are gathered, then the tail dropped.
+        """
+        if keep_offsets == list(range(len(keep_offsets))):
+            CausalLM.crop(cache, past_len + len(keep_offsets))
+            return
+        layers = cache.layers
+        device = layers[0].keys.device
+        idx = torch.tensor([past_len + o for o in keep_offsets], device=device)
+        dst = torch.arange(past_len, past_len + len(keep_offsets), device=device)
+        for layer in layers:
+            layer.keys[:, :, dst] = layer.keys.index_select(2, idx)
+            layer.values[:, :, dst] = layer.values.index_select(2, idx)
+        CausalLM.crop(cache, past_len + len(keep_offsets))

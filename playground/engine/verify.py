@@ -1,0 +1,151 @@
+"""The one verifier: walk the candidate tree and accept the longest path the target agrees with.
+
+Every step emits the accepted candidates plus one token sampled from the target at the
+last accepted node (the bonus token, or the correction token after a rejection), so a
+step always yields at least one token.
+
+* Greedy: a child is accepted when it equals the target's argmax at its parent.
+* Sampling: speculative sampling (Leviathan et al. 2023, Alg. 1; Chen et al. 2023,
+  Alg. 2) generalised to several children per node as in SpecInfer (Miao et al.
+  2024, multi-step speculative sampling): at a node with target distribution p, try
+  the children in order; child x drafted from q is accepted with probability
+  min(1, p(x) / q(x)); on rejection p becomes norm(max(0, p - q)) and the next child is
+  tried; when all are rejected the correction token is sampled from the final p.
+  A deterministic drafter (prompt lookup, n-gram pools, greedy drafts) has q = one-hot
+  on x, which gives the one-hot rule: accept x with probability p(x), else zero p(x)
+  and renormalise. Both keep the output distribution exactly the target's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .tree import Candidates
+
+
+@dataclass
+class Verdict:
+    """Result of verifying one candidate set.
+
+    Attributes:
+        path: accepted candidate indices, root to leaf (empty when none was accepted).
+        bonus_token: the token sampled from the target after the last accepted node.
+    """
+
+    path: list[int]
+    bonus_token: int
+
+
+def _check(candidates: Candidates, target: torch.Tensor, name: str) -> None:
+    n = len(candidates)
+    if target.dim() != 2 or target.shape[0] != n + 1:
+        raise ValueError(f"{name} must have shape (num_nodes + 1, vocab_size) = ({n + 1}, V), got {tuple(target.shape)}")
+
+
+def verify_greedy(candidates: Candidates, target_logits: torch.Tensor) -> Verdict:
+    """Greedy verification (exact argmax match).
+
+    Args:
+        candidates: the proposal, ``num_nodes`` tokens.
+        target_logits: ``(num_nodes + 1, vocab_size)``; row 0 scores the root, row i + 1
+            scores candidate i (it predicts the token after it).
+
+    Returns:
+        The longest path whose every token equals the target's argmax at its parent, and
+        the target's argmax after that path as the bonus token.
+    """
+    _check(candidates, target_logits, "target_logits")
+    best = target_logits.argmax(dim=-1).tolist()  # (num_nodes + 1,)
+    tokens = candidates.tokens.tolist()
+    children = candidates.children()
+    path: list[int] = []
+    row = 0
+    while True:
+        # 1. Among the current node's children, find the one the target would pick.
+        nxt = next((c for c in children[row] if tokens[c] == best[row]), None)
+        if nxt is None:
+            # 2. None: the target's own choice is the bonus / correction token.
+            return Verdict(path, best[row])
+        # 3. Accept it and descend.
+        path.append(nxt)
+        row = nxt + 1
+
+
+def verify_sampling(candidates: Candidates, target_probs: torch.Tensor,
+                    generator: torch.Generator | None) -> Verdict:
+    """Speculative sampling over a candidate tree (multi-candidate rule, see module doc).
+
+    Args:
+        candidates: the proposal; ``candidates.draft_probs`` ``(num_nodes, vocab_size)`` is
+            the distribution each token was drawn from, or None for deterministic drafters.
+        target_probs: ``(num_nodes + 1, vocab_size)`` float32, after the same temperature /
+            top-k / top-p transform as the draft's.
+        generator: the run's seeded generator (on the probabilities' device).
+
+    Returns:
+        The accepted path and the bonus (or correction) token. The emitted tokens are
+        distributed exactly as if sampled from the target one at a time.
+    """
+    _check(candidates, target_probs, "target_probs")
+    tokens = candidates.tokens.tolist()
+    children = candidates.children()
+    q_all = candidates.draft_probs
+    path: list[int] = []
+    row = 0
+    while True:
+        p = target_probs[row]
+        accepted = None
+        for c in children[row]:
+            x = tokens[c]
+            # 1. q: the draft's distribution for this child (one-hot when deterministic).
+            q_x = float(q_all[c, x]) if q_all is not None else 1.0
+            p_x = float(p[x])
+            # 2. Accept with probability min(1, p(x) / q(x)).
+            u = float(torch.rand((), generator=generator, device=p.device))
+            if q_x > 0 and u < min(1.0, p_x / q_x):
+                accepted = c
+                break
+            # 3. Rejected: continue from the residual norm(max(0, p - q)).
+            if q_all is not None:
+                residual = torch.clamp(p - q_all[c].to(p.dtype), min=0.0)
+            else:
+                residual = p.clone()
+                residual[x] = 0.0
+            mass = float(residual.sum())
+            if mass <= 0.0:  # p <= q everywhere: only possible when p == q up to rounding
+                break
+            p = residual / mass
+        if accepted is None:
+            # 4. No child accepted (or a leaf): sample the bonus / correction token from p.
+            bonus = int(torch.multinomial(p, 1, generator=generator).item())
+            return Verdict(path, bonus)
+        path.append(accepted)
+        row = accepted + 1
+
+
+def verify_reference_chain(draft_tokens: list[int], target_probs: torch.Tensor,
+                           draft_probs: torch.Tensor | None, generator: torch.Generator | None) -> Verdict:
+    """Slow, obvious speculative sampling for a chain, written straight from Leviathan et al. Alg. 1.
+
+    Args:
+        draft_tokens: K drafted tokens.
+        target_probs: ``(K + 1, vocab_size)``.
+        draft_probs: ``(K, vocab_size)`` or None (one-hot drafts).
+
+    Used by tests to cross-check :func:`verify_sampling` on chains.
+    """
+    vocab = target_probs.shape[-1]
+    for i, x in enumerate(draft_tokens):
+        q = draft_probs[i] if draft_probs is not None else torch.nn.functional.one_hot(
+            torch.tensor(x), vocab).to(target_probs.dtype)
+        p = target_probs[i]
+        r = float(torch.rand((), generator=generator, device=p.device))
+        if q[x] > 0 and r < min(1.0, float(p[x] / q[x])):
+            continue
+        residual = torch.clamp(p - q, min=0)
+        residual = residual / residual.sum() if residual.sum() > 0 else p
+        return Verdict(list(range(i)), int(torch.multinomial(residual, 1, generator=generator).item()))
+    k = len(draft_tokens)
+    return Verdict(list(range(k)), int(torch.multinomial(target_probs[k], 1, generator=generator).item()))
