@@ -1,0 +1,301 @@
+"""The engine's public API: the method registry, side-by-side runs, and the lossless check.
+
+:class:`Engine` holds a loaded target (and optionally a draft) and runs several methods
+on one prompt **round-robin in one worker**: each method takes one step in turn, so
+every panel streams at once, no two methods compete for the device, and each method's
+clock counts only its own steps. Models are read-only during runs; every run builds its
+own caches and drafters, and a lock serialises steps across concurrent callers.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from .autoregressive import AutoregressiveDrafter
+from .decoding import GenerationSettings, decode
+from .draft_model import DraftModelDrafter
+from .drafter import Drafter
+from .events import SOURCE_DRAFT, SOURCE_PROMPT_LOOKUP, SOURCE_TARGET, StepEvent
+from .limits import K_KNOB, PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB, Knob
+from .prompt_lookup import PromptLookupDrafter
+from .target import CausalLM
+
+BASELINE = "autoregressive"
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    """What the UI and the benchmark need to know about one method.
+
+    Attributes:
+        name: API name; label: display name; description: one line for the UI.
+        lossless: greedy output must equal the baseline's token for token.
+        needs_draft: the method needs a draft model.
+        knobs: the method's settings (bounds shared with the UI sliders).
+        sources: source tags its tokens can carry.
+    """
+
+    name: str
+    label: str
+    description: str
+    lossless: bool
+    needs_draft: bool
+    knobs: tuple[Knob, ...]
+    sources: tuple[str, ...]
+
+
+METHODS: dict[str, MethodInfo] = {m.name: m for m in (
+    MethodInfo(BASELINE, "Autoregressive", "Baseline: one target forward pass per token.", True, False, (),
+               (SOURCE_TARGET,)),
+    MethodInfo("prompt_lookup", "Prompt lookup", "Copies the continuation of an earlier match of the latest "
+               "n-gram in the prompt and output (Saxena 2023).", True, False,
+               (PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB), (SOURCE_TARGET, SOURCE_PROMPT_LOOKUP)),
+    MethodInfo("draft_model", "Draft model", "A small draft model proposes K tokens; the target verifies them in "
+               "one pass (Leviathan et al. 2023; Chen et al. 2023).", True, True, (K_KNOB,),
+               (SOURCE_TARGET, SOURCE_DRAFT)),
+)}
+
+SOURCE_LABELS = {
+    SOURCE_TARGET: "target (bonus / correction)",
+    SOURCE_DRAFT: "draft model",
+    SOURCE_PROMPT_LOOKUP: "prompt lookup",
+}
+"""Legend text of each token source."""
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method to run, with its knob values (missing knobs take their defaults)."""
+
+    name: str
+    params: dict = field(default_factory=dict)
+
+    def checked_params(self) -> dict:
+        """The params with defaults filled in and every value checked.
+
+        Raises:
+            ValueError: unknown method, unknown knob, or a value out of range.
+        """
+        info = METHODS.get(self.name)
+        if info is None:
+            raise ValueError(f"unknown method {self.name!r}; choose from {', '.join(METHODS)}")
+        known = {k.name: k for k in info.knobs}
+        unknown = set(self.params) - set(known)
+        if unknown:
+            raise ValueError(f"{self.name} has no setting {', '.join(sorted(unknown))}; "
+                             f"its settings are {', '.join(known) or 'none'}")
+        return {name: knob.check(self.params.get(name, knob.default)) for name, knob in known.items()}
+
+
+@dataclass
+class LosslessCheck:
+    """Whether a method's greedy output matched the baseline's.
+
+    Attributes:
+        matched: identical token ids.
+        position: first diverging position (0-based, in new tokens), None when matched.
+        baseline_margin: the baseline's top-1 minus top-2 logit at that position.
+        near_tie: the divergence is at a near-tie (margin below the dtype's rounding
+            noise), so reduced-precision numerics, not a bug, are the likely cause.
+    """
+
+    matched: bool
+    position: int | None = None
+    baseline_margin: float | None = None
+    near_tie: bool = False
+
+    def message(self) -> str:
+        if self.matched:
+            return "matches the baseline token for token"
+        where = f"diverges from the baseline at new token {self.position}"
+        if self.baseline_margin is None:
+            return where
+        kind = "a near-tie: reduced-precision rounding, not a bug" if self.near_tie else \
+            "NOT a near-tie: a real mismatch"
+        return f"{where} (baseline's top-2 logit margin there {self.baseline_margin:.3g}: {kind})"
+
+
+NEAR_TIE_MARGIN = {torch.float32: 1e-3, torch.float64: 1e-6, torch.bfloat16: 0.5, torch.float16: 0.1}
+"""Top-2 logit margins below which a divergence counts as a numerical near-tie, per dtype
+(bf16 batched-vs-sequential forwards were seen to differ by up to 0.5 in logits here)."""
+
+
+def check_lossless(baseline_ids: list[int], baseline_margins: list[float], ids: list[int],
+                   dtype: torch.dtype = torch.float32) -> LosslessCheck:
+    """Compare a method's output with the baseline's, token for token.
+
+    Args:
+        baseline_ids, ids: new token ids of the baseline and of the method.
+        baseline_margins: the baseline's top-1 minus top-2 logit at each of its tokens.
+        dtype: the target's dtype (sets the near-tie threshold).
+    """
+    for i, (a, b) in enumerate(zip(baseline_ids, ids)):
+        if a != b:
+            margin = baseline_margins[i] if i < len(baseline_margins) else None
+            near = margin is not None and margin < NEAR_TIE_MARGIN.get(dtype, 0.5)
+            return LosslessCheck(False, i, margin, near)
+    if len(baseline_ids) != len(ids):
+        i = min(len(baseline_ids), len(ids))
+        margin = baseline_margins[i] if i < len(baseline_margins) else None
+        near = margin is not None and margin < NEAR_TIE_MARGIN.get(dtype, 0.5)
+        return LosslessCheck(False, i, margin, near)
+    return LosslessCheck(True)
+
+
+@dataclass
+class RunOutput:
+    """Everything one method produced in a run (filled as its events arrive)."""
+
+    method: str
+    params: dict
+    ids: list[int] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)
+    text: str = ""
+    last: StepEvent | None = None
+
+    def add(self, event: StepEvent) -> None:
+        self.ids.extend(event.tokens)
+        self.sources.extend(event.sources)
+        self.margins.extend(event.margins)
+        self.text += "".join(p for p, _ in event.pieces)
+        self.last = event
+
+
+class Engine:
+    """A loaded target (and optional draft) that runs methods on prompts.
+
+    Args:
+        target: a loaded target model (see :mod:`playground.engine.models`): needs
+            ``model``, ``tokenizer``, ``name``, ``context_length``, ``eos_token_ids``.
+        draft: an optional loaded draft sharing the target's tokenizer.
+    """
+
+    def __init__(self, target, draft=None):
+        self.target = target
+        self.draft = draft
+        self.target_lm = CausalLM(target.model)
+        self.draft_lm = CausalLM(draft.model) if draft is not None else None
+        self.lock = threading.Lock()
+
+    # ----- what can run --------------------------------------------------------------
+    def unavailable_reason(self, method: str) -> str | None:
+        """Why ``method`` cannot run with the loaded models, or None when it can."""
+        info = METHODS.get(method)
+        if info is None:
+            return f"unknown method {method!r}"
+        if info.needs_draft and self.draft_lm is None:
+            return (f"no draft model is loaded for {self.target.name}: start the app with --draft MODEL "
+                    "(a smaller model with the same tokenizer)")
+        return None
+
+    def available_methods(self) -> list[str]:
+        return [m for m in METHODS if self.unavailable_reason(m) is None]
+
+    def make_drafter(self, spec: MethodSpec) -> Drafter:
+        """A fresh drafter for ``spec``.
+
+        Raises:
+            ValueError: unknown method, bad knob, or a method that cannot run here.
+        """
+        params = spec.checked_params()
+        reason = self.unavailable_reason(spec.name)
+        if reason:
+            raise ValueError(f"{spec.name} is unavailable: {reason}")
+        factories: dict[str, Callable[[], Drafter]] = {
+            BASELINE: lambda: AutoregressiveDrafter(),
+            "prompt_lookup": lambda: PromptLookupDrafter(**params),
+            "draft_model": lambda: DraftModelDrafter(self.draft_lm, **params),
+        }
+        return factories[spec.name]()
+
+    # ----- prompts -------------------------------------------------------------------
+    def encode_prompt(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
+        """Token ids of a prompt, with the target's chat template applied when it has one.
+
+        Args:
+            prompt: a user message, or a whole conversation as ``[{"role", "content"}, ...]``.
+            chat: apply the chat template (False: plain text, e.g. code completion).
+
+        Raises:
+            ValueError: empty prompt, or a prompt longer than the target's context.
+        """
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ValueError("the prompt is empty: type something to generate from")
+            messages = [{"role": "user", "content": prompt}]
+        else:
+            messages = prompt
+            if not messages or not str(messages[-1].get("content", "")).strip():
+                raise ValueError("the prompt is empty: type something to generate from")
+        tok = self.target.tokenizer
+        if chat and getattr(tok, "chat_template", None):
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            ids = ids[0].tolist()
+        else:
+            ids = tok("\n".join(m["content"] for m in messages), add_special_tokens=True)["input_ids"]
+        ctx = self.target.context_length
+        if len(ids) >= ctx:
+            raise ValueError(f"the prompt is {len(ids)} tokens, longer than the model's context of {ctx} tokens")
+        return ids
+
+    # ----- runs ----------------------------------------------------------------------
+    def run_one(self, prompt_ids: list[int], spec: MethodSpec, settings: GenerationSettings,
+                cancel: threading.Event | None = None) -> Iterator[StepEvent]:
+        """Events of one method on one prompt (each step holds the engine's lock)."""
+        drafter = self.make_drafter(spec)
+        gen = decode(self.target_lm, drafter, prompt_ids, settings, eos_token_ids=self.target.eos_token_ids,
+                     tokenizer=self.target.tokenizer, context_length=self.target.context_length,
+                     cancel=cancel, method=spec.name)
+        while True:
+            with self.lock:
+                event = next(gen, None)
+            if event is None:
+                return
+            yield event
+
+    def run(self, prompt_ids: list[int], specs: list[MethodSpec], settings: GenerationSettings,
+            cancel: threading.Event | None = None) -> Iterator[StepEvent]:
+        """Run several methods side by side, round-robin, one step each in turn.
+
+        Args:
+            prompt_ids: ``(prompt_len,)`` token ids (see :meth:`encode_prompt`).
+            specs: the methods to run (distinct names).
+            settings: shared generation settings (every method gets the same seed).
+            cancel: set it to stop every method before its next step.
+
+        Yields:
+            Each method's :class:`StepEvent` in turn until all have finished.
+
+        Raises:
+            ValueError: no method, duplicate methods, bad knobs, an unavailable method, or
+                a prompt that does not fit the context; raised before any step runs.
+        """
+        if not specs:
+            raise ValueError("choose at least one method")
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"each method can run once per comparison, got {names}")
+        if not prompt_ids:
+            raise ValueError("the prompt is empty: type something to generate from")
+        ctx = self.target.context_length
+        if len(prompt_ids) + settings.max_new_tokens > ctx:
+            raise ValueError(f"the prompt is {len(prompt_ids)} tokens; with max_new_tokens={settings.max_new_tokens} "
+                             f"it exceeds the model's context of {ctx} tokens")
+        for s in specs:  # validate everything before the first step
+            self.make_drafter(s)
+        streams = [self.run_one(prompt_ids, s, settings, cancel) for s in specs]
+        while streams:
+            for stream in list(streams):
+                event = next(stream, None)
+                if event is None:
+                    streams.remove(stream)
+                    continue
+                yield event
+                if event.finished:
+                    streams.remove(stream)
