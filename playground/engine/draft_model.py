@@ -82,8 +82,8 @@ class DraftModelDrafter(Drafter):
             logits = self.draft.forward(self.cache, feed)[-1]
             self.fed.extend(feed.tolist())
             # 2. Draft the next token: argmax, or a sample from q after the shared transform.
-            if state.sampling.greedy:
-                drafted.append(int(logits.argmax()))
+            if state.sampling.greedy:  # only ids the target has (the draft's table may be padded)
+                drafted.append(int(logits[:state.vocab_size].argmax()))
             else:
                 q = _fit_vocab(logits_to_probs(logits, state.sampling), state.vocab_size).to(state.device)
                 drafted.append(int(torch.multinomial(q, 1, generator=state.generator).item()))

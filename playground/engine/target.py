@@ -63,13 +63,13 @@ class CausalLM:
         past_len = cache.get_seq_length()
         q_len = input_ids.shape[0]
         ids = input_ids.to(self.device)[None]
+        if parents is not None and parents.shape != (q_len - 1,):
+            raise ValueError(f"parents must have shape ({q_len - 1},), got {tuple(parents.shape)}")
         is_chain = parents is None or bool((parents.cpu() == torch.arange(-1, q_len - 2)).all())
         if is_chain:
             position_ids = torch.arange(past_len, past_len + q_len, device=self.device)[None]
             out = self.model(input_ids=ids, position_ids=position_ids, cache=cache, use_cache=True)
         else:
-            if parents.shape != (q_len - 1,):
-                raise ValueError(f"parents must have shape ({q_len - 1},), got {tuple(parents.shape)}")
             mask, position_ids = tree_attention_inputs(parents, past_len, self.dtype, self.device)
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
                              cache=cache, use_cache=True)

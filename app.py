@@ -1,0 +1,94 @@
+"""Speculative Decoding Playground: load the models, build the page, serve it.
+
+    python app.py                                   # the embedded SmolLM2-135M-Instruct
+    python app.py --target HuggingFaceTB/SmolLM2-360M-Instruct --draft HuggingFaceTB/SmolLM2-135M-Instruct
+
+Models load here, in main(), never at import time; heavy imports wait until the arguments
+are parsed so that ``--help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+"""Same as ``playground.engine.models.DTYPE_CHOICES`` (repeated so ``--help`` needs no torch import)."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line arguments (host and port default to GRADIO_SERVER_NAME / GRADIO_SERVER_PORT)."""
+    p = argparse.ArgumentParser(
+        description="Compare speculative decoding methods side by side in the browser.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--target", default="default",
+                   help="target model: 'default' (embedded SmolLM2-135M-Instruct), a .gguf file, a "
+                        "save_pretrained folder, or a Hugging Face hub id")
+    p.add_argument("--draft", default=None,
+                   help="draft model for the draft_model method (same tokenizer as the target)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                   help="weights' precision; auto = bfloat16 on CUDA and on CPUs with native bf16, else float32")
+    p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                   help="address to listen on (0.0.0.0 for every interface)")
+    env_port = os.environ.get("GRADIO_SERVER_PORT", "7860")
+    p.add_argument("--port", type=int, default=int(env_port) if env_port.isdigit() else 7860,
+                   help="port to listen on")
+    p.add_argument("--threads", type=int, default=argparse.SUPPRESS,
+                   help="CPU threads for torch (default: torch's own choice)")
+    args = p.parse_args(argv)
+    args.threads = getattr(args, "threads", None)
+    if args.threads is not None and args.threads < 1:
+        p.error(f"--threads must be at least 1, got {args.threads}")
+    return args
+
+
+def _progress(role: str):
+    """A load-progress callback printing one line per stage: ``[ 70%] target: loading ...``."""
+    def show(fraction: float, message: str) -> None:
+        print(f"[{100 * fraction:3.0f}%] {role}: {message}", flush=True)
+    return show
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    print("Starting the Speculative Decoding Playground…", flush=True)
+    import torch
+
+    from playground.engine.compare import Engine
+    from playground.engine.models import ModelLoadError, load_draft, load_model, resolve_device, resolve_dtype
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    try:
+        device = resolve_device(args.device)
+        dtype = resolve_dtype(args.dtype, device)
+        target = load_model(args.target, device, dtype, progress=_progress("target"))
+        draft = None
+        if args.draft:
+            draft = load_draft(args.draft, target, device, dtype, progress=_progress("draft"))
+    except (ModelLoadError, ValueError) as e:
+        print(f"\nerror: {e}", file=sys.stderr, flush=True)
+        return 1
+    print(f"Models ready in {time.perf_counter() - t0:.1f} s; building the page…", flush=True)
+
+    from playground.ui import build_demo, launch_options
+
+    demo = build_demo(Engine(target, draft))
+    try:
+        demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True,
+                    **launch_options())
+    except OSError as e:
+        print(f"\nerror: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr, flush=True)
+        return 1
+    url = (demo.local_url or f"http://{args.host}:{args.port}/").rstrip("/")
+    print(f"\nRunning on {url}\n(press Ctrl+C to stop)", flush=True)
+    demo.block_thread()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

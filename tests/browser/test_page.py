@@ -1,0 +1,102 @@
+"""The real page in headless Chromium (Playwright, Debian's /usr/bin/chromium), on the default model.
+
+Types a prompt, ticks two methods, runs, and waits until both panels show tokens coloured
+by source, the lossless badge and the chart; saves a screenshot to
+``artifacts/screenshots/playground.png``. Skipped when chromium or Playwright is missing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared UI helpers
+from ui_fixtures import serve, ui_engine  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOT = ROOT / "artifacts" / "screenshots" / "playground.png"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run", "--disable-quic", "--disable-sync"]
+PROMPT = "Repeat this sentence three times: The quick brown fox jumps over the lazy dog near the river bank."
+RUN_TIMEOUT_MS = 240_000  # a 2-core machine shared with other jobs can be slow; never a sleep
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def url(browser, request):
+    with serve(ui_engine(request)) as u:
+        yield u
+
+
+@pytest.mark.real_model
+def test_run_two_methods_in_the_page(browser, url):
+    """Empty prompt: a message. Then prompt, two ticked methods, Run: both panels fill with tokens
+    coloured by source, the stats lines, the lossless badge and both charts appear."""
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(url)
+        prompt = page.locator("#prompt textarea")
+        expect(prompt).to_be_visible(timeout=60_000)
+        expect(page.locator("#header")).to_contain_text("SmolLM2-135M-Instruct")
+        # The draft model is not loaded: its checkbox is disabled and the page says why.
+        expect(page.locator("#use-draft_model input[type=checkbox]")).to_be_disabled()
+        expect(page.locator("#reason-draft_model")).to_contain_text("no draft model is loaded")
+        expect(page.locator("#col-draft_model")).to_be_hidden()
+
+        # Bad input shows a message on the page (and the page keeps working: the run below).
+        page.locator("#run").click()
+        expect(page.locator("#status")).to_contain_text("the prompt is empty", timeout=30_000)
+
+        prompt.fill(PROMPT)
+        # Tick the two methods (untick first to see the panel follow the checkbox).
+        lookup = page.locator("#use-prompt_lookup input[type=checkbox]")
+        lookup.uncheck()
+        expect(page.locator("#col-prompt_lookup")).to_be_hidden()
+        lookup.check()
+        page.locator("#use-autoregressive input[type=checkbox]").check()
+        expect(page.locator("#col-prompt_lookup")).to_be_visible()
+        expect(page.locator("#col-autoregressive")).to_be_visible()
+        # A short run: 24 new tokens.
+        page.get_by_text("Generation settings", exact=True).click()
+        max_new = page.locator("#gen-max_new_tokens input[type=number]")
+        expect(max_new).to_be_visible()
+        max_new.fill("24")
+        max_new.press("Enter")
+        expect(max_new).to_have_value("24")
+        page.get_by_text("Generation settings", exact=True).click()  # fold it again for the screenshot
+        expect(max_new).to_be_hidden()
+
+        page.locator("#run").click()
+        expect(page.locator("#status")).to_contain_text("Done", timeout=RUN_TIMEOUT_MS)
+
+        for m in ("autoregressive", "prompt_lookup"):
+            expect(page.locator(f"#panel-{m} .tok[data-source=target]").first).to_be_visible()
+            expect(page.locator(f"#stats-{m}")).to_contain_text("tok/s")
+        expect(page.locator("#panel-prompt_lookup .tok[data-source=prompt_lookup]").first).to_be_visible()
+        expect(page.locator("#badge-prompt_lookup")).to_contain_text("matches the baseline token for token")
+        expect(page.locator("#legend")).to_contain_text("prompt lookup")
+        expect(page.locator("#chart .js-plotly-plot").first).to_be_visible(timeout=30_000)
+        expect(page.locator("#bars .js-plotly-plot").first).to_be_visible(timeout=30_000)
+
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOT), full_page=True)
+    finally:
+        page.close()

@@ -1,0 +1,198 @@
+"""The web UI end to end through gradio_client, on the real embedded default model (float32, CPU).
+
+Checks, with short generations (a few seconds each on 2 CPU cores):
+
+* a two-method greedy run streams both panels, fills the stats lines and the charts, and
+  prompt lookup's lossless badge says it matched the baseline;
+* bad input (empty prompt, no method, an unavailable method, a knob out of range) gives a
+  clear message, and the server still serves the next request;
+* two clients running at once both finish, each with its own correct output;
+* Stop (cancelling a run) leaves the server serving;
+* plus fast checks of the rendering helpers (no model).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import threading
+
+import pytest
+
+from playground.engine.compare import METHODS, SOURCE_LABELS
+from playground.engine.limits import GENERATION_KNOBS
+from playground.ui import input_names, run_arguments
+from playground.ui import render
+from ui_fixtures import serve, ui_engine
+
+gradio_client = pytest.importorskip("gradio_client")
+
+OUTPUTS = ["status"] + [f"{m}_{part}" for m in METHODS for part in ("html", "stats", "badge")] + ["chart", "bars"]
+REPEAT_PROMPT = ("Repeat this sentence three times: The quick brown fox jumps over the lazy dog near the "
+                 "river bank.")
+
+
+def _named(values) -> dict:
+    """One streamed update as {output name: value}."""
+    assert len(values) == len(OUTPUTS), f"expected {len(OUTPUTS)} outputs, got {len(values)}"
+    return dict(zip(OUTPUTS, values))
+
+
+def _done(final: dict) -> bool:
+    """Whether the status line says the run finished."""
+    return "pill-done" in final["status"] and "Done in" in _text(final["status"])
+
+
+def _text(panel_html: str) -> str:
+    """The plain text of a tokens panel."""
+    return html.unescape(re.sub(r"<[^>]+>", "", panel_html))
+
+
+@pytest.fixture(scope="module")
+def url(request):
+    with serve(ui_engine(request)) as u:
+        yield u
+
+
+@pytest.fixture()
+def client(url):
+    return gradio_client.Client(url, verbose=False)
+
+
+def _run(client, prompt, methods, **kwargs):
+    """Submit a run and return (all streamed updates as dicts, final update as dict)."""
+    job = client.submit(*run_arguments(prompt, methods, **kwargs), api_name="/run")
+    updates = [_named(u) for u in job]
+    return updates, _named(job.result())
+
+
+# ----- end to end ---------------------------------------------------------------------------
+@pytest.mark.real_model
+def test_two_methods_stream_colour_and_match_baseline(client):
+    """Greedy autoregressive + prompt lookup: both panels stream source-tagged tokens, the
+    stats lines and charts fill, and prompt lookup's output equals the baseline's."""
+    updates, final = _run(client, REPEAT_PROMPT, ["autoregressive", "prompt_lookup"], max_new_tokens=24)
+
+    assert _done(final), final["status"]
+    # Streaming: some update showed partial text before the end.
+    partial = [u for u in updates[:-1] if 'class="tok"' in u["autoregressive_html"]]
+    assert partial, "the autoregressive panel never streamed before the final update"
+    assert len(_text(partial[0]["autoregressive_html"])) < len(_text(final["autoregressive_html"]))
+
+    for m in ("autoregressive", "prompt_lookup"):
+        panel = final[f"{m}_html"]
+        assert 'data-source="target"' in panel, f"{m}: no target-coloured token"
+        assert _text(panel).strip(), f"{m}: empty panel"
+        stats = final[f"{m}_stats"]
+        for part in ("new tokens", "steps", "tok/s", "τ", "α", "TTFT"):
+            assert part in stats, f"{m} stats line lacks {part!r}: {stats}"
+    assert "1.00× (baseline)" in final["autoregressive_stats"]
+    assert "vs autoregressive" in final["prompt_lookup_stats"]
+    # The repeated sentence lets prompt lookup copy from the prompt.
+    assert 'data-source="prompt_lookup"' in final["prompt_lookup_html"]
+    assert "matches the baseline token for token" in final["prompt_lookup_badge"], final["prompt_lookup_badge"]
+    assert _text(final["prompt_lookup_html"]) == _text(final["autoregressive_html"])
+    # The unselected panel stays empty; both charts name both methods.
+    assert final["draft_model_html"] == ""
+    for chart in ("chart", "bars"):
+        assert final[chart]["type"] == "plotly"
+        assert "Autoregressive" in final[chart]["plot"] and "Prompt lookup" in final[chart]["plot"]
+
+
+@pytest.mark.real_model
+def test_bad_input_shows_a_message_and_server_keeps_serving(client):
+    """Empty prompt, no method, an unavailable method and an out-of-range knob each give a clear
+    message (never a crash); a good request right after succeeds."""
+    _, final = _run(client, "   ", ["autoregressive"])
+    assert "prompt is empty" in final["status"] and "pill-warning" in final["status"], final["status"]
+
+    _, final = _run(client, "Hello", [])
+    assert "no method is ticked" in final["status"] and "pill-warning" in final["status"], final["status"]
+
+    _, final = _run(client, "Hello", ["autoregressive", "draft_model"])
+    assert "no draft model is loaded" in final["status"] and "pill-warning" in final["status"], final["status"]
+
+    # The slider itself refuses a value outside its bounds before the handler runs.
+    with pytest.raises(Exception, match="(?i)minimum|must be in"):
+        _run(client, "Hello", ["prompt_lookup"], params={"prompt_lookup": {"max_ngram_size": 0}})
+
+    _, final = _run(client, "Say hello.", ["autoregressive"], max_new_tokens=4)
+    assert _done(final), final["status"]
+    assert _text(final["autoregressive_html"]).strip()
+
+
+@pytest.mark.real_model
+def test_two_concurrent_clients_both_finish(url):
+    """Two sessions at once, each its own method on the same prompt (greedy): both finish, and
+    the texts are equal (prompt lookup is lossless), so neither run saw the other's state."""
+    results: dict[str, dict] = {}
+    errors: list[BaseException] = []
+
+    def go(method):
+        try:
+            c = gradio_client.Client(url, verbose=False)
+            results[method] = _run(c, REPEAT_PROMPT, [method], max_new_tokens=12)[1]
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=go, args=(m,)) for m in ("autoregressive", "prompt_lookup")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert set(results) == {"autoregressive", "prompt_lookup"}
+    for m, final in results.items():
+        assert _done(final), (m, final["status"])
+        assert "no baseline ran" in final[f"{m}_badge"] or m == "autoregressive"
+    assert _text(results["autoregressive"]["autoregressive_html"]).strip()
+    assert _text(results["autoregressive"]["autoregressive_html"]) == \
+        _text(results["prompt_lookup"]["prompt_lookup_html"])
+
+
+@pytest.mark.real_model
+def test_cancel_then_serve_again(client):
+    """Cancelling a long run (what Stop does) ends it; the next request is served."""
+    job = client.submit(*run_arguments("Write a long story about a dragon.", ["autoregressive"],
+                                       max_new_tokens=400), api_name="/run")
+    for values in job:
+        if 'class="tok"' in _named(values)["autoregressive_html"]:
+            break
+    assert job.cancel()
+    _, final = _run(client, "Say hello.", ["autoregressive"], max_new_tokens=3)
+    assert _done(final), final["status"]
+
+
+# ----- no model ----------------------------------------------------------------------------
+def test_run_arguments_follow_input_names():
+    """run_arguments lays values out in input_names order, with knob defaults filled in."""
+    names = input_names()
+    args = run_arguments("p", ["prompt_lookup"], params={"prompt_lookup": {"num_pred_tokens": 5}},
+                         max_new_tokens=7)
+    v = dict(zip(names, args))
+    assert len(args) == len(names)
+    assert v["prompt"] == "p" and v["use_prompt_lookup"] and not v["use_autoregressive"]
+    assert v["prompt_lookup_num_pred_tokens"] == 5 and v["max_new_tokens"] == 7
+    assert v["seed"] == next(k.default for k in GENERATION_KNOBS if k.name == "seed")
+    with pytest.raises(TypeError):
+        run_arguments("p", [], bogus=1)
+
+
+def test_token_spans_escape_text_and_tag_sources():
+    """Token text is HTML-escaped and each span carries its source and colour."""
+    out = render.token_spans([("<b>&", "target"), ("x\n", "prompt_lookup"), ("", "draft")], SOURCE_LABELS)
+    assert "&lt;b&gt;&amp;" in out and "<b>" not in out
+    assert out.count('class="tok"') == 2
+    assert f'background:{render.SOURCE_COLORS["prompt_lookup"]}' in out
+    assert render.source_color("medusa_head_3") == render.source_color("medusa_head_3")
+
+
+def test_stats_line_and_badges():
+    stats = {"new_tokens": 10, "steps": 4, "tokens_per_s": 20.0, "tau": 2.5, "alpha": 0.5, "ttft_s": 0.1}
+    line = render.stats_line(stats, baseline_tokens_per_s=10.0, is_baseline=False, finish_reason="length")
+    assert "**10** new tokens" in line and "2.00× vs autoregressive" in line and "α 50%" in line
+    assert "done (max new tokens)" in line
+    line = render.stats_line({**stats, "alpha": None}, baseline_tokens_per_s=None, is_baseline=False)
+    assert "no baseline" in line and "α –" in line and "done" not in line
+    assert "pill-match" in render.badge("match", "ok") and "✓" in render.badge("match", "ok")
+    assert "&lt;x&gt;" in render.status_html("warning", "<x>")
