@@ -1,0 +1,193 @@
+"""Reference benchmark: our engine against transformers' own ``model.generate()``.
+
+``python -m playground.bench_hf`` runs the same prompts (same questions, chat template, turns
+and models as :mod:`playground.bench`) through four methods, interleaved per (question, turn)
+so that all four see the same machine load:
+
+* ``autoregressive``, ``prompt_lookup``: this project's engine (as in ``playground.bench``);
+* ``hf_generate``: ``model.generate(do_sample=False)``, transformers' greedy loop;
+* ``hf_prompt_lookup``: ``model.generate(do_sample=False, prompt_lookup_num_tokens=N,
+  max_matching_ngram_size=M)`` with the same N and M as our ``prompt_lookup``.
+
+Every time is wall-clock around one whole generation, prefill included, on the same loaded
+model. ``steps`` of the transformers runs are counted with a streamer (its ``put()`` receives
+one chunk per verification step). It prints the table of :func:`playground.bench.summarize`
+(speedups against our autoregressive baseline; "lossless" says whether each greedy method's
+output equals our baseline's token for token) and can write the records with ``--out``.
+This is a comparison tool, separate from the benchmark's contract.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from playground import bench
+
+ENGINE_METHODS = ("autoregressive", "prompt_lookup")
+HF_METHODS = ("hf_generate", "hf_prompt_lookup")
+
+
+class _StepCounter:
+    """A ``generate()`` streamer that counts steps and times the first new token."""
+
+    def __init__(self, clock):
+        self.clock, self.puts, self.first_s = clock, 0, None
+
+    def put(self, value) -> None:
+        self.puts += 1  # the first put() is the prompt, each later one a decoding step
+        if self.puts == 2:
+            self.first_s = self.clock()
+
+    def end(self) -> None:
+        pass
+
+    @property
+    def steps(self) -> int:
+        return max(0, self.puts - 1)
+
+
+def hf_runner(name: str, target, max_new_tokens: int, **generate_kwargs) -> bench.Runner:
+    """A :class:`bench.Runner` calling ``target.model.generate`` greedily with ``generate_kwargs``."""
+    import torch
+
+    from playground.engine.target import CausalLM
+
+    lm = CausalLM(target.model)
+    eos = set(target.eos_token_ids)
+    pad = target.tokenizer.pad_token_id
+    pad = pad if pad is not None else (target.eos_token_ids or [0])[0]
+
+    def run(prompt_ids: list[int]) -> dict:
+        ids = torch.tensor([prompt_ids], device=lm.device)
+        counter = _StepCounter(lm.clock)
+        t0 = lm.clock()
+        with torch.inference_mode():
+            out = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                        temperature=None, top_p=None, top_k=None, max_new_tokens=max_new_tokens,
+                                        eos_token_id=list(eos) or None, pad_token_id=pad, streamer=counter,
+                                        **generate_kwargs)
+        seconds = lm.clock() - t0
+        new = out[0, len(prompt_ids):].tolist()
+        stop = next((i for i, t in enumerate(new) if t in eos), len(new))  # EOS is not output (as ours)
+        new = new[:stop]
+        return {"new_tokens": len(new), "steps": counter.steps, "wall_s": seconds,
+                "ttft_s": (counter.first_s - t0) if counter.first_s else seconds,
+                "tokens_per_s": len(new) / seconds if seconds > 0 else 0.0,
+                "mean_accepted_tokens": len(new) / max(1, counter.steps), "acceptance_rate": None,
+                "finish_reason": "eos" if stop < len(out[0]) - len(prompt_ids) else "length",
+                "output_ids": new,
+                "output_text": target.tokenizer.decode(new, skip_special_tokens=True,
+                                                       clean_up_tokenization_spaces=False)}
+
+    return bench.Runner(name, dict(generate_kwargs), run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m playground.bench_hf",
+                                 description="Our autoregressive and prompt lookup against transformers' "
+                                             "generate() on the same prompts, interleaved.")
+    ap.add_argument("--questions", default="spec_bench", help="as for playground.bench (default: spec_bench)")
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--categories")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--methods", default=",".join(ENGINE_METHODS + HF_METHODS),
+                    help=f"subset of {', '.join(ENGINE_METHODS + HF_METHODS)} (autoregressive always runs)")
+    ap.add_argument("--max-ngram-size", type=int, help="prompt lookup n-gram size, ours and transformers'")
+    ap.add_argument("--num-pred-tokens", type=int, help="prompt lookup tokens, ours and transformers'")
+    ap.add_argument("--target", default="default")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--out", help="also write the records here (JSONL)")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _main(args)
+    except bench.BenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(args: argparse.Namespace) -> int:
+    import torch
+
+    from playground.engine.compare import MethodSpec
+    from playground.engine.decoding import GenerationSettings
+    from playground.engine.limits import PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB
+
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in names if m not in ENGINE_METHODS + HF_METHODS]
+    if unknown:
+        raise bench.BenchError(f"unknown method {', '.join(unknown)}; choose from "
+                               f"{', '.join(ENGINE_METHODS + HF_METHODS)}")
+    names = ["autoregressive"] + [m for m in dict.fromkeys(names) if m != "autoregressive"]
+    try:
+        ngram = PROMPT_LOOKUP_NGRAM_KNOB.check(args.max_ngram_size or PROMPT_LOOKUP_NGRAM_KNOB.default)
+        tokens = PROMPT_LOOKUP_TOKENS_KNOB.check(args.num_pred_tokens or PROMPT_LOOKUP_TOKENS_KNOB.default)
+        settings = GenerationSettings(args.max_new_tokens)
+    except ValueError as e:
+        raise bench.BenchError(str(e)) from None
+    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    questions = bench.load_questions(args.questions, categories, args.limit)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    engine = bench.load_engine(args, [m for m in names if m in ENGINE_METHODS])
+    target = engine.target
+    pl = {"max_ngram_size": ngram, "num_pred_tokens": tokens}
+
+    def make(method: str, max_new_tokens: int) -> bench.Runner:
+        gen = GenerationSettings(max_new_tokens)
+        if method == "autoregressive":
+            return bench.engine_runner(engine, MethodSpec("autoregressive"), gen)
+        if method == "prompt_lookup":
+            return bench.engine_runner(engine, MethodSpec("prompt_lookup", pl), gen)
+        if method == "hf_generate":
+            return hf_runner(method, target, max_new_tokens)
+        return hf_runner(method, target, max_new_tokens, prompt_lookup_num_tokens=tokens,
+                         max_matching_ngram_size=ngram)
+    runners = [make(m, settings.max_new_tokens) for m in names]
+    dtype = str(target.dtype).removeprefix("torch.")
+    turns = sum(len(q.turns) for q in questions)
+    print(f"{target.name} on {target.device}, {dtype}, {torch.get_num_threads()} threads; {len(questions)} "
+          f"questions, {turns} turns, methods {', '.join(names)}", file=sys.stderr, flush=True)
+    warm = engine.encode_prompt(bench.WARMUP_PROMPT)
+    warm_runners = [make(m, min(bench.WARMUP_TOKENS, settings.max_new_tokens)) for m in names]
+    for _ in range(args.warmup):
+        for r in warm_runners:
+            r.run(warm)
+    out = open(args.out, "w", encoding="utf-8") if args.out else None
+
+    def write(rec: dict) -> None:
+        if out:
+            out.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            out.flush()
+    progress = bench._Progress(turns * len(runners), enabled=not args.no_progress)
+    t0 = time.perf_counter()
+    try:
+        records = bench.run_benchmark(engine, questions, runners, settings.max_new_tokens, write, progress,
+                                      {"temperature": 0.0, "dtype": dtype, "target": target.name})
+    finally:
+        progress.close()
+        if out:
+            out.close()
+    print(f"{len(records)} runs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    print(f"\n{target.name}, {dtype}, {target.device}, max_new_tokens {settings.max_new_tokens}, greedy; "
+          f"prompt lookup: num_pred_tokens {tokens}, max_ngram_size {ngram}")
+    rows = bench.summarize(records, lossless=[m for m in names if m != "autoregressive"])
+    print(bench.format_table(rows), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
