@@ -30,7 +30,7 @@ class GenerationSettings:
     Attributes:
         max_new_tokens: the output never exceeds this many tokens.
         sampling: temperature (0 = greedy), top-p, top-k, seed.
-        stop_on_eos: end the output at the first EOS token (not included in the output).
+        stop_on_eos: end the output at the first EOS token (its id is the output's last; it adds no text).
 
     Raises:
         ValueError: when ``max_new_tokens`` is out of range.
@@ -96,11 +96,12 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
 
     def emit(new: list[int], sources: list[str], margins: list[float], step: int, proposed: int,
              accepted: int, seconds: float, draft_s: float, depth: int) -> StepEvent:
-        # Stop at EOS (dropped from the output) and at max new tokens; nothing after is emitted.
+        # Stop at EOS (kept as the last output id, as transformers does; it adds no text) and at
+        # max new tokens; nothing after either is emitted.
         reason = None
         for i, t in enumerate(new):
             if t in eos:
-                new, sources, margins, reason = new[:i], sources[:i], margins[:i], "eos"
+                new, sources, margins, reason = new[:i + 1], sources[:i + 1], margins[:i + 1], "eos"
                 break
         room = settings.max_new_tokens - stats.new_tokens
         if len(new) >= room:
@@ -115,8 +116,8 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
             tail = detok.flush()
             if tail:
                 pieces.append((tail, sources[-1] if sources else SOURCE_TARGET))
-        return StepEvent(method, step, new, sources, pieces, proposed, accepted_kept, seconds, margins, stats,
-                         finished=reason is not None, finish_reason=reason)
+        return StepEvent(method, step, new, sources, pieces, proposed, accepted_kept, seconds, margins,
+                         stats.snapshot(), finished=reason is not None, finish_reason=reason)
 
     # Prefill: one pass over the prompt gives the first new token (time to first token).
     t0 = target.clock()
@@ -127,7 +128,7 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
     step = 0
     while not event.finished:
         if cancel is not None and cancel.is_set():
-            yield StepEvent(method, step + 1, [], [], [], 0, 0, 0.0, [], stats, True, "cancelled")
+            yield StepEvent(method, step + 1, [], [], [], 0, 0, 0.0, [], stats.snapshot(), True, "cancelled")
             return
         step += 1
         t0 = target.clock()

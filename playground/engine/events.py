@@ -11,7 +11,7 @@ Terms (as Spec-Bench and the speculative decoding papers use them):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # Sources of emitted tokens. The verifier tags each token; the UI maps them to colours.
 SOURCE_TARGET = "target"
@@ -78,6 +78,11 @@ class RunStats:
         for i in range(min(accepted, proposed_depth)):
             self.accepted_at[i] += 1
         self.timeline.append((self.elapsed_s, self.new_tokens))
+
+    def snapshot(self) -> "RunStats":
+        """A copy that later steps leave unchanged (each event carries the totals after its step)."""
+        return replace(self, proposed_at=list(self.proposed_at), accepted_at=list(self.accepted_at),
+                       timeline=list(self.timeline))
 
     @property
     def tokens_per_s(self) -> float:
