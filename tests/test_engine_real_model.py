@@ -94,7 +94,7 @@ def test_scripted_stream_with_real_tokenizer_stops_at_eos(real_target):
     model = ScriptedModel(len(tok), len(prompt), script + [eos] + after, filler=after[0])
     events = run_events(CausalLM(model), OracleChainDrafter(script + [eos] + after, 3), prompt, 64,
                         eos_token_ids=(eos,), tokenizer=tok)
-    assert output_ids(events) == script
+    assert output_ids(events) == script + [eos]  # EOS is the last id; nothing after it
     assert events[-1].finish_reason == "eos"
     assert streamed_text(events) == tok.decode(script, skip_special_tokens=True) == text
     assert all("\ufffd" not in piece for e in events for piece, _ in e.pieces)
