@@ -19,8 +19,9 @@ from .autoregressive import AutoregressiveDrafter
 from .decoding import GenerationSettings, decode
 from .draft_model import DraftModelDrafter
 from .drafter import Drafter
-from .events import SOURCE_DRAFT, SOURCE_PROMPT_LOOKUP, SOURCE_TARGET, StepEvent
-from .limits import K_KNOB, PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB, Knob
+from .events import SOURCE_DRAFT, SOURCE_LOOKAHEAD, SOURCE_PROMPT_LOOKUP, SOURCE_TARGET, StepEvent
+from .limits import K_KNOB, LOOKAHEAD_KNOBS, PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB, Knob
+from .lookahead import LookaheadDrafter
 from .prompt_lookup import PromptLookupDrafter
 from .target import CausalLM
 
@@ -57,12 +58,16 @@ METHODS: dict[str, MethodInfo] = {m.name: m for m in (
     MethodInfo("draft_model", "Draft model", "A small draft model proposes K tokens; the target verifies them in "
                "one pass (Leviathan et al. 2023; Chen et al. 2023).", True, True, (K_KNOB,),
                (SOURCE_TARGET, SOURCE_DRAFT)),
+    MethodInfo("lookahead", "Lookahead", "Jacobi iterations in a W x (N - 1) window generate n-grams; those "
+               "starting with the last token are verified in the same pass (Fu et al. 2024).", True, False,
+               LOOKAHEAD_KNOBS, (SOURCE_TARGET, SOURCE_LOOKAHEAD)),
 )}
 
 SOURCE_LABELS = {
     SOURCE_TARGET: "target (bonus / correction)",
     SOURCE_DRAFT: "draft model",
     SOURCE_PROMPT_LOOKUP: "prompt lookup",
+    SOURCE_LOOKAHEAD: "lookahead n-gram",
 }
 """Legend text of each token source."""
 
@@ -210,6 +215,7 @@ class Engine:
             BASELINE: lambda: AutoregressiveDrafter(),
             "prompt_lookup": lambda: PromptLookupDrafter(**params),
             "draft_model": lambda: DraftModelDrafter(self.draft_lm, **params),
+            "lookahead": lambda: LookaheadDrafter(**params),
         }
         return factories[spec.name]()
 

@@ -19,7 +19,7 @@ from .events import SOURCE_TARGET, RunStats, StepEvent
 from .limits import MAX_NEW_TOKENS_KNOB
 from .sampling import SamplingConfig, logits_to_probs
 from .target import CausalLM
-from .tree import Candidates
+from .tree import Candidates, pass_attention
 from .verify import Verdict, verify_greedy, verify_sampling
 
 
@@ -144,7 +144,14 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         # 2. Verify: the root plus every candidate in one target forward pass.
         past_len = len(tokens) - 1
         inputs = torch.cat([torch.tensor(tokens[-1:], dtype=torch.long), cand.tokens.cpu()])
-        logits = target.forward(cache, inputs, cand.parents if len(cand) else None)
+        extra_logits = None
+        if cand.extras is None:
+            logits = target.forward(cache, inputs, cand.parents if len(cand) else None)
+        else:
+            # The drafter's extra queries (e.g. Lookahead's Jacobi window) ride in the same pass.
+            allowed, offsets = pass_attention(cand)
+            all_logits = target.forward_masked(cache, torch.cat([inputs, cand.extras.tokens.cpu()]), allowed, offsets)
+            logits, extra_logits = all_logits[:len(cand) + 1], all_logits[len(cand) + 1:]
         if sampling.greedy:
             verdict: Verdict = verify_greedy(cand, logits)
         else:
@@ -154,7 +161,7 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         CausalLM.keep(cache, past_len, rows)
         new = [int(cand.tokens[c]) for c in verdict.path] + [verdict.bonus_token]
         sources = [cand.sources[c] for c in verdict.path] + [SOURCE_TARGET]
-        drafter.update(StepResult(cand, verdict.path, verdict.bonus_token, tokens + new))
+        drafter.update(StepResult(cand, verdict.path, verdict.bonus_token, tokens + new, extra_logits))
         seconds = target.clock() - t0
         depth = max(cand.depths()) if len(cand) else 0
         event = emit(new, sources, _margins(logits[rows]), step, len(cand), len(verdict.path), seconds,

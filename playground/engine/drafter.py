@@ -52,12 +52,15 @@ class StepResult:
         bonus_token: the target's token after the path.
         tokens: ``tokens`` of the state after the step (root and accepted path committed,
             the bonus token as the new root).
+        extra_logits: ``(m, vocab_size)`` float32 logits of ``candidates.extras`` (None
+            when the proposal had no extra queries).
     """
 
     candidates: Candidates
     path: list[int]
     bonus_token: int
     tokens: list[int] = field(default_factory=list)
+    extra_logits: torch.Tensor | None = None
 
 
 class Drafter:

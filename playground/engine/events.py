@@ -18,6 +18,8 @@ SOURCE_TARGET = "target"
 """The bonus or correction token sampled from the target itself."""
 SOURCE_DRAFT = "draft"
 SOURCE_PROMPT_LOOKUP = "prompt_lookup"
+SOURCE_LOOKAHEAD = "lookahead"
+"""A token accepted from Lookahead decoding's n-gram pool."""
 
 
 @dataclass

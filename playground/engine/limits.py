@@ -19,6 +19,15 @@ MAX_PROMPT_LOOKUP_NGRAM = 8
 MAX_PROMPT_LOOKUP_TOKENS = 16
 """Largest number of tokens prompt lookup copies after a match."""
 
+MAX_LOOKAHEAD_WINDOW = 20
+"""Largest Lookahead window W (Jacobi positions per level)."""
+
+MAX_LOOKAHEAD_NGRAM = 8
+"""Largest Lookahead n-gram size N (the window holds N - 1 levels)."""
+
+MAX_LOOKAHEAD_GUESS_SET = 20
+"""Largest Lookahead guess set size G (n-grams verified per step)."""
+
 MAX_NEW_TOKENS = 2048
 """Largest number of new tokens one run may generate."""
 
@@ -93,5 +102,13 @@ PROMPT_LOOKUP_NGRAM_KNOB = Knob("max_ngram_size", "Max n-gram size", 1, MAX_PROM
                                 info="Longest suffix n-gram searched for in the prompt and output so far.")
 PROMPT_LOOKUP_TOKENS_KNOB = Knob("num_pred_tokens", "Tokens to propose", 1, MAX_PROMPT_LOOKUP_TOKENS, 10,
                                  info="Tokens copied after the match and proposed for verification.")
+
+LOOKAHEAD_WINDOW_KNOB = Knob("window", "Window W", 1, MAX_LOOKAHEAD_WINDOW, 5,
+                             info="Lookahead: Jacobi positions guessed in parallel per level.")
+LOOKAHEAD_NGRAM_KNOB = Knob("ngram_size", "N-gram size N", 2, MAX_LOOKAHEAD_NGRAM, 3,
+                            info="Lookahead: n-gram length; the window keeps N - 1 Jacobi levels.")
+LOOKAHEAD_GUESS_KNOB = Knob("guess_set_size", "Guess set size G", 1, MAX_LOOKAHEAD_GUESS_SET, 5,
+                            info="Lookahead: at most G n-grams per key token, all verified in one pass.")
+LOOKAHEAD_KNOBS = (LOOKAHEAD_WINDOW_KNOB, LOOKAHEAD_NGRAM_KNOB, LOOKAHEAD_GUESS_KNOB)
 
 GENERATION_KNOBS = (MAX_NEW_TOKENS_KNOB, TEMPERATURE_KNOB, TOP_P_KNOB, TOP_K_KNOB, SEED_KNOB)

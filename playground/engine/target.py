@@ -11,7 +11,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from .tree import tree_attention_inputs
+from .tree import additive_mask, tree_attention_inputs
 
 
 class CausalLM:
@@ -73,6 +73,35 @@ class CausalLM:
             mask, position_ids = tree_attention_inputs(parents, past_len, self.dtype, self.device)
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
                              cache=cache, use_cache=True)
+        return out.logits[0].float()
+
+    @torch.inference_mode()
+    def forward_masked(self, cache: DynamicCache, input_ids: torch.Tensor, allowed: torch.Tensor,
+                       position_offsets: torch.Tensor) -> torch.Tensor:
+        """Run ``input_ids`` after the cached prefix with an explicit attention matrix and positions.
+
+        The general path behind :meth:`forward` (used for passes that carry a drafter's extra
+        queries, e.g. Lookahead's Jacobi window, beside the candidate tree).
+
+        Args:
+            cache: the KV cache holding the prefix (``past_len`` tokens); grows by ``q_len``.
+            input_ids: ``(q_len,)`` int64.
+            allowed: ``(q_len, q_len)`` bool; ``allowed[i, k]``: query i may attend to query k
+                (every query always sees the whole cached prefix).
+            position_offsets: ``(q_len,)`` int64; position id of query i is ``past_len + offsets[i]``.
+
+        Returns:
+            ``(q_len, vocab_size)`` float32 logits.
+        """
+        q_len = input_ids.shape[0] if input_ids.dim() == 1 else -1
+        if q_len < 1 or allowed.shape != (q_len, q_len) or position_offsets.shape != (q_len,):
+            raise ValueError(f"input_ids (q_len,), allowed (q_len, q_len) and position_offsets (q_len,) must agree, "
+                             f"got {tuple(input_ids.shape)}, {tuple(allowed.shape)}, {tuple(position_offsets.shape)}")
+        past_len = cache.get_seq_length()
+        mask = additive_mask(allowed, past_len, self.dtype, self.device)
+        position_ids = (past_len + position_offsets.long()).to(self.device)[None]
+        out = self.model(input_ids=input_ids.to(self.device)[None], attention_mask=mask,
+                         position_ids=position_ids, cache=cache, use_cache=True)
         return out.logits[0].float()
 
     @staticmethod

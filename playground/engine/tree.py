@@ -28,6 +28,9 @@ class Candidates:
             token was sampled from (after the same temperature/top-k/top-p as the target).
             None means the drafter is deterministic (q is one-hot on the token), which is
             also the case for greedy drafting.
+        extras: optional :class:`ExtraQueries`, the drafter's own query tokens scored in the
+            same forward pass after the candidates (Lookahead's Jacobi window); never verified,
+            never kept in the cache, never seen by the candidates.
 
     Raises:
         ValueError: on shape mismatch or parents not in topological order.
@@ -37,6 +40,7 @@ class Candidates:
     parents: torch.Tensor
     sources: list[str]
     draft_probs: torch.Tensor | None = None
+    extras: "ExtraQueries | None" = None
 
     def __post_init__(self):
         n = self.tokens.shape[0] if self.tokens.dim() == 1 else -1
@@ -50,6 +54,9 @@ class Candidates:
             raise ValueError(f"parents must be >= -1, got {self.parents.tolist()}")
         if self.draft_probs is not None and (self.draft_probs.dim() != 2 or self.draft_probs.shape[0] != n):
             raise ValueError(f"draft_probs must have shape (num_nodes, vocab_size), got {tuple(self.draft_probs.shape)}")
+        if self.extras is not None and self.extras.attention.shape[1] != n + 1 + len(self.extras):
+            raise ValueError(f"extras.attention must have shape (m, m + num_nodes + 1) = ({len(self.extras)}, "
+                             f"{len(self.extras) + n + 1}), got {tuple(self.extras.attention.shape)}")
 
     @classmethod
     def empty(cls, device: torch.device | str = "cpu") -> "Candidates":
@@ -131,3 +138,82 @@ def tree_attention_inputs(parents: torch.Tensor, past_len: int, dtype: torch.dty
     depth = torch.tensor([0] + Candidates(torch.zeros(n, dtype=torch.long), parents.cpu(), [""] * n).depths(),
                          dtype=torch.long)
     return mask.to(device)[None, None], (past_len + depth).to(device)[None]
+
+
+@dataclass
+class ExtraQueries:
+    """A drafter's own query tokens, scored in the verification pass after the candidates.
+
+    The pass's queries are ``[root, candidates (num_nodes), extras (m)]``. Candidates never
+    attend to extras; extras attend to the cached prefix and to whichever of the pass's
+    queries ``attention`` allows. Their logits go back to the drafter in
+    :class:`~playground.engine.drafter.StepResult` (``extra_logits``); their KV entries are dropped.
+
+    Attributes:
+        tokens: ``(m,)`` int64 token ids.
+        positions: ``(m,)`` int64 position offsets from the root (the root is at ``past_len``,
+            so an extra's position id is ``past_len + positions[i]``).
+        attention: ``(m, num_nodes + 1 + m)`` bool; ``attention[i, k]`` is True when extra i may
+            attend to query k of the pass (0 = root, 1..num_nodes = candidates, then extras).
+
+    Raises:
+        ValueError: on shape mismatch.
+    """
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    attention: torch.Tensor
+
+    def __post_init__(self):
+        m = self.tokens.shape[0] if self.tokens.dim() == 1 else -1
+        if (self.tokens.dim() != 1 or self.positions.shape != (m,) or self.attention.dim() != 2
+                or self.attention.shape[0] != m or self.attention.dtype != torch.bool):
+            raise ValueError(f"tokens (m,), positions (m,) and a bool attention (m, m + num_nodes + 1) must agree; "
+                             f"got {tuple(self.tokens.shape)}, {tuple(self.positions.shape)}, "
+                             f"{tuple(self.attention.shape)} {self.attention.dtype}")
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def pass_attention(candidates: Candidates) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention matrix and position offsets of one pass over ``[root, candidates, extras]``.
+
+    Args:
+        candidates: the proposal, possibly with ``extras``.
+
+    Returns:
+        ``allowed``: ``(q, q)`` bool with ``q = 1 + num_nodes + m``: the tree mask of
+        :func:`tree_mask_bool` for root and candidates (which never see extras), then the
+        extras' rows; ``offsets``: ``(q,)`` int64 position offsets from the root (depth for
+        candidates, ``extras.positions`` for extras).
+    """
+    n, extras = len(candidates), candidates.extras
+    m = len(extras) if extras is not None else 0
+    allowed = torch.zeros(n + 1 + m, n + 1 + m, dtype=torch.bool)
+    allowed[:n + 1, :n + 1] = tree_mask_bool(candidates.parents.cpu())
+    offsets = torch.tensor([0] + candidates.depths(), dtype=torch.long)
+    if m:
+        allowed[n + 1:] = extras.attention.cpu()
+        offsets = torch.cat([offsets, extras.positions.cpu().long()])
+    return allowed, offsets
+
+
+def additive_mask(allowed: torch.Tensor, past_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The float 4D mask transformers wants for a bool matrix over the new queries.
+
+    Args:
+        allowed: ``(q, q)`` bool over the pass's queries (True = may attend).
+        past_len: cached prefix length; every query sees the whole prefix.
+
+    Returns:
+        ``(1, 1, q, past_len + q)`` in ``dtype``: 0 where allowed, ``finfo(dtype).min`` where blocked
+        (a bool mask is silently wrong with eager attention; see notes.md).
+    """
+    q = allowed.shape[0]
+    if allowed.shape != (q, q) or allowed.dtype != torch.bool:
+        raise ValueError(f"allowed must be a square bool matrix (q, q), got {tuple(allowed.shape)} {allowed.dtype}")
+    mask = torch.full((q, past_len + q), torch.finfo(dtype).min, dtype=dtype)
+    mask[:, :past_len] = 0
+    mask[:, past_len:] = torch.where(allowed.cpu(), torch.zeros((), dtype=dtype), mask[:, past_len:])
+    return mask.to(device)[None, None]

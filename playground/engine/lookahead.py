@@ -1,0 +1,231 @@
+"""Lookahead decoding: Jacobi iterations generate n-grams; those starting with the root are verified.
+
+Source: Fu, Bailis, Stoica, Zhang 2024, "Break the Sequential Dependency of LLM Inference Using
+Lookahead Decoding" (ICML; reference implementation hao-ai-lab/LookaheadDecoding). Each step is
+**one** target forward pass over three groups of queries:
+
+* the *root* (the last emitted token, at position ``past_len``);
+* the *verification branch*: up to ``G`` (guess_set_size) candidate continuations of
+  ``N - 1`` tokens from the n-gram pool whose key is the root, merged into a prefix tree
+  (a :class:`~playground.engine.tree.Candidates`); candidate node at depth d sits at
+  ``past_len + d`` and sees the prefix, the root and its ancestors only;
+* the *lookahead branch* (extra queries, :class:`~playground.engine.tree.ExtraQueries`): a
+  2D window of ``N - 1`` Jacobi levels x ``W`` (window) columns. Level 0 holds the current
+  guesses, level ``l`` the guesses ``l`` Jacobi iterations newer. The token at level ``l``,
+  column ``j`` sits at ``past_len + 1 + j + l`` and sees the prefix, the root, the level-0
+  tokens of columns ``0..j`` and the tokens of levels ``1..l`` in its own column: its context
+  is then the contiguous positions ``past_len .. past_len + 1 + j + l``, so every column is one
+  n-gram trajectory through the Jacobi iterations.
+
+After the pass (:meth:`LookaheadDrafter.update`): the argmax at the newest level gives the next
+Jacobi level; each column (oldest level .. newest output) is an n-gram that goes into the pool;
+the oldest level is dropped; the verifier's accepted path (greedy longest match, or the one-hot
+speculative-sampling rule, since the pool is deterministic) moves the root, and the window's
+columns shift left by the same amount (fresh columns are random prompt tokens, as in the
+reference). The target's output is exactly autoregressive decoding's: the window only changes
+what is proposed, never what is accepted.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from .drafter import DecodeState, Drafter, StepResult
+from .events import SOURCE_LOOKAHEAD
+from .limits import LOOKAHEAD_GUESS_KNOB, LOOKAHEAD_NGRAM_KNOB, LOOKAHEAD_WINDOW_KNOB
+from .tree import Candidates, ExtraQueries
+
+LOOKAHEAD_PRESETS: dict[str, dict[str, int]] = {
+    "cpu": dict(window=5, ngram_size=3, guess_set_size=5),
+    "7b": dict(window=15, ngram_size=5, guess_set_size=15),
+    "13b": dict(window=10, ngram_size=5, guess_set_size=10),
+    "33b": dict(window=7, ngram_size=5, guess_set_size=7),
+}
+"""(W, N, G): the paper's settings for 7B / 13B / 33B models on a GPU (G = W), and a small CPU
+setting (every extra query costs nearly its full share of compute on a CPU)."""
+
+
+class NgramPool:
+    """The n-gram pool: for each key token, at most ``guess_set_size`` continuations of
+    ``ngram_size - 1`` tokens, most recent kept (an n-gram seen again moves to the newest slot).
+
+    Attributes:
+        table: key token -> continuations, oldest first.
+    """
+
+    def __init__(self, ngram_size: int, guess_set_size: int):
+        self.ngram_size = ngram_size
+        self.guess_set_size = guess_set_size
+        self.table: dict[int, list[tuple[int, ...]]] = {}
+
+    def add(self, ngram: list[int] | tuple[int, ...]) -> None:
+        """Insert one n-gram ``(ngram_size,)``: key ``ngram[0]``, continuation ``ngram[1:]``."""
+        if len(ngram) != self.ngram_size:
+            raise ValueError(f"an n-gram must have {self.ngram_size} tokens, got {len(ngram)}")
+        entries = self.table.setdefault(int(ngram[0]), [])
+        value = tuple(int(t) for t in ngram[1:])
+        # 1. Dedup: a repeated n-gram becomes the most recent. 2. Evict the oldest beyond G.
+        if value in entries:
+            entries.remove(value)
+        entries.append(value)
+        if len(entries) > self.guess_set_size:
+            del entries[0]
+
+    def add_sequence(self, tokens: list[int]) -> None:
+        """Insert every n-gram of ``tokens`` (e.g. the prompt), in order."""
+        for i in range(len(tokens) - self.ngram_size + 1):
+            self.add(tokens[i:i + self.ngram_size])
+
+    def lookup(self, key: int) -> list[tuple[int, ...]]:
+        """Continuations of ``key``, most recent first (at most ``guess_set_size``)."""
+        return list(reversed(self.table.get(int(key), [])))
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.table.values())
+
+
+def candidate_tree(continuations: list[tuple[int, ...]], budget: int, source: str = SOURCE_LOOKAHEAD,
+                   device: torch.device | str = "cpu") -> Candidates:
+    """Merge continuations of the root into a prefix tree, each cut to ``budget`` tokens.
+
+    Shared prefixes become one node, so siblings are distinct tokens and greedy verification
+    (first matching child) finds the longest matching continuation.
+
+    Returns:
+        :class:`Candidates` of ``num_nodes`` <= ``len(continuations) * budget`` tokens.
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    node_of: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+    for cont in continuations:
+        parent = -1
+        for tok in cont[:max(budget, 0)]:
+            # 1. Reuse the node when this prefix exists; 2. else add a child.
+            if (parent, tok) not in node_of:
+                node_of[(parent, tok)] = len(tokens)
+                tokens.append(tok)
+                parents.append(parent)
+            parent = node_of[(parent, tok)]
+    return Candidates(torch.tensor(tokens, dtype=torch.long, device=device),
+                      torch.tensor(parents, dtype=torch.long, device=device), [source] * len(tokens))
+
+
+def lookahead_attention(window: int, num_levels: int, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask rows and position offsets of the lookahead branch (Fu et al. 2024, Fig. 2).
+
+    Extra query ``l * window + j`` is level ``l``, column ``j``. It sees the root, the level-0
+    tokens of columns ``0..j`` and the levels ``1..l`` of column ``j`` (itself included); never
+    the candidates.
+
+    Args:
+        window: W, columns per level.
+        num_levels: levels present (``N - 1`` once warmed up; fewer during the first steps).
+        num_nodes: candidates in the same pass (their columns stay blocked).
+
+    Returns:
+        ``attention``: ``(m, 1 + num_nodes + m)`` bool over ``[root, candidates, extras]`` with
+        ``m = num_levels * window``; ``positions``: ``(m,)`` offsets from the root, ``1 + j + l``.
+    """
+    m = num_levels * window
+    attention = torch.zeros(m, 1 + num_nodes + m, dtype=torch.bool)
+    positions = torch.zeros(m, dtype=torch.long)
+    base = 1 + num_nodes  # column of extra 0 in the pass
+    for level in range(num_levels):
+        for j in range(window):
+            row = level * window + j
+            # 1. The root (and through the cache, the prefix).
+            attention[row, 0] = True
+            # 2. Level-0 tokens of columns 0..j.
+            attention[row, base:base + j + 1] = True
+            # 3. Levels 1..level of the own column.
+            for earlier in range(1, level + 1):
+                attention[row, base + earlier * window + j] = True
+            positions[row] = 1 + j + level
+    return attention, positions
+
+
+class LookaheadDrafter(Drafter):
+    """Lookahead decoding as a drafter: n-gram pool candidates plus the Jacobi window as extras.
+
+    Args:
+        window: W in [1, 20]; ngram_size: N in [2, 8]; guess_set_size: G in [1, 20].
+        seed_pool_from_prompt: put the prompt's own n-grams in the pool at the start.
+        seed: seeds the choice of random prompt tokens that fill the window.
+
+    Attributes:
+        pool: the :class:`NgramPool`; pool_size: n-grams in it.
+        pool_hits: steps in which at least one pool token was accepted.
+        pool_tokens_accepted: pool tokens accepted in total.
+
+    Raises:
+        ValueError: when a knob is outside its bound in :mod:`playground.engine.limits`.
+    """
+
+    name = "lookahead"
+    source = SOURCE_LOOKAHEAD
+
+    def __init__(self, window: int = LOOKAHEAD_WINDOW_KNOB.default, ngram_size: int = LOOKAHEAD_NGRAM_KNOB.default,
+                 guess_set_size: int = LOOKAHEAD_GUESS_KNOB.default, seed_pool_from_prompt: bool = True,
+                 seed: int = 0):
+        self.window = LOOKAHEAD_WINDOW_KNOB.check(window)
+        self.ngram_size = LOOKAHEAD_NGRAM_KNOB.check(ngram_size)
+        self.guess_set_size = LOOKAHEAD_GUESS_KNOB.check(guess_set_size)
+        self.seed_pool_from_prompt = seed_pool_from_prompt
+        self.seed = seed
+        self.begin([0])
+
+    @property
+    def pool_size(self) -> int:
+        return len(self.pool)
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        """1. Empty pool (seeded with the prompt's n-grams); 2. level 0 = random prompt tokens."""
+        self.rng = random.Random(self.seed)
+        self.prompt = list(prompt_ids)
+        self.pool = NgramPool(self.ngram_size, self.guess_set_size)
+        if self.seed_pool_from_prompt:
+            self.pool.add_sequence(self.prompt)
+        self.levels: list[list[int]] = [self._fresh(self.window)]
+        self.pool_hits = 0
+        self.pool_tokens_accepted = 0
+
+    def _fresh(self, count: int) -> list[int]:
+        return [self.rng.choice(self.prompt) for _ in range(count)]
+
+    def propose(self, state: DecodeState) -> Candidates:
+        """Pool continuations of the root (at most ``state.budget`` deep) plus the window as extras."""
+        # 1. Verification branch: the pool's n-grams keyed by the root, as a prefix tree.
+        cand = candidate_tree(self.pool.lookup(state.tokens[-1]), state.budget, self.source)
+        # 2. Lookahead branch: every level of the window, flattened level by level.
+        attention, positions = lookahead_attention(self.window, len(self.levels), len(cand))
+        tokens = torch.tensor([t for level in self.levels for t in level], dtype=torch.long)
+        return Candidates(cand.tokens, cand.parents, cand.sources, extras=ExtraQueries(tokens, positions, attention))
+
+    def update(self, result: StepResult) -> None:
+        """Next Jacobi level, n-gram harvest, window shift by the tokens emitted this step."""
+        if result.path:
+            self.pool_hits += 1
+            self.pool_tokens_accepted += len(result.path)
+        if result.extra_logits is None:
+            return
+        expected = (len(self.levels) * self.window, )
+        if result.extra_logits.shape[:1] != expected:
+            raise ValueError(f"extra_logits must have shape ({expected[0]}, vocab_size), "
+                             f"got {tuple(result.extra_logits.shape)}")
+        # 1. The newest level's outputs (greedy Jacobi step) form the next level.
+        newest = result.extra_logits[-self.window:].argmax(dim=-1).tolist()
+        self.levels.append(newest)
+        dropped = 0
+        if len(self.levels) == self.ngram_size:
+            # 2. Full window: each column, oldest level to the new output, is an n-gram.
+            for j in range(self.window):
+                self.pool.add([level[j] for level in self.levels])
+            # 3. Drop the oldest level: the others move one level down (one position on).
+            self.levels.pop(0)
+            dropped = 1
+        # 4. The root moved by len(path) + 1 positions; level-0 column j must sit at root + 1 + j.
+        shift = len(result.path) + 1 - dropped
+        if shift > 0:
+            self.levels = [(level + self._fresh(shift))[shift:] for level in self.levels]
