@@ -27,12 +27,15 @@ Records (``--out``)
     ``proposed, accepted, finish_reason, prompt_tokens, temperature, dtype, target, margins``
     (the target's top-1 minus top-2 logit at each output token, used to tell a numerical
     near-tie from a real mismatch). ``turn`` is 0-based. ``acceptance_rate`` is null when the
-    method proposed nothing.
+    method proposed nothing. ``output_ids`` are the engine's new ids: when the model stopped
+    (``finish_reason`` "eos") the last one is the EOS id, counted in ``new_tokens``, as
+    transformers' ``generate()`` does; ``output_text`` holds no special tokens.
+    ``wall_s`` is the method's own time including the prefill (``ttft_s``).
 
 Summary
     :func:`summarize` (records -> rows) and :func:`format_table` (rows -> text) are pure
     functions of the records, so the UI can reuse them. Speedup and tau are computed as
-    ``/work/shared/tools/check_bench.py`` does: total tokens over total seconds against the
+    ``shared/tools/check_bench.py`` does: total tokens over total seconds against the
     autoregressive baseline, and total tokens over total steps.
 
 Exit status: 0 on success, 2 on a usage error (unknown method, bad file, bad knob, model that
@@ -590,7 +593,11 @@ def _main(args: argparse.Namespace) -> int:
         raise BenchError(f"--threads must be at least 1, got {args.threads}")
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     questions = load_questions(args.questions, categories, args.limit)
-    if args.draft and not any(METHODS[m].needs_draft for m in methods):
+    needs_draft = [m for m in methods if METHODS[m].needs_draft]
+    if needs_draft and not args.draft:
+        raise BenchError(f"{', '.join(needs_draft)} needs a draft model: add --draft MODEL (a smaller model with "
+                         "the target's tokenizer: a hub id, a model folder or a .gguf file)")
+    if args.draft and not needs_draft:
         print("note: --draft is loaded only for methods that need it; none is chosen", file=sys.stderr)
     if args.medusa:
         print("note: --medusa is not used yet: this engine has no Medusa support", file=sys.stderr)

@@ -71,13 +71,14 @@ def hf_runner(name: str, target, max_new_tokens: int, **generate_kwargs) -> benc
                                         **generate_kwargs)
         seconds = lm.clock() - t0
         new = out[0, len(prompt_ids):].tolist()
-        stop = next((i for i, t in enumerate(new) if t in eos), len(new))  # EOS is not output (as ours)
-        new = new[:stop]
+        stop = next((i for i, t in enumerate(new) if t in eos), None)
+        if stop is not None:  # EOS is the last output id, as in the engine; any padding after it goes
+            new = new[:stop + 1]
         return {"new_tokens": len(new), "steps": counter.steps, "wall_s": seconds,
                 "ttft_s": (counter.first_s - t0) if counter.first_s else seconds,
                 "tokens_per_s": len(new) / seconds if seconds > 0 else 0.0,
                 "mean_accepted_tokens": len(new) / max(1, counter.steps), "acceptance_rate": None,
-                "finish_reason": "eos" if stop < len(out[0]) - len(prompt_ids) else "length",
+                "finish_reason": "length" if stop is None else "eos",
                 "output_ids": new,
                 "output_text": target.tokenizer.decode(new, skip_special_tokens=True,
                                                        clean_up_tokenization_spaces=False)}
