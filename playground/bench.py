@@ -556,9 +556,14 @@ def _parse_tree(text: str | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run_cli(build_parser(), _main, argv)
+
+
+def run_cli(parser: argparse.ArgumentParser, body, argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and run ``body(args)``; a :class:`BenchError` prints one line and gives exit code 2."""
+    args = parser.parse_args(argv)
     try:
-        return _main(args)
+        return body(args)
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -109,15 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return _main(args)
-    except bench.BenchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return bench.run_cli(build_parser(), _main, argv)
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import skip_unless_ci
 import torch
 
 # Make `import helpers` work for every test module under tests/, whatever the import mode.
@@ -40,7 +42,7 @@ def real_target():
     try:
         return load_model("default", "cpu", torch.float32)
     except ModelLoadError as e:
-        pytest.skip(f"the default model is not available: {e}")
+        skip_unless_ci(f"the default model is not available: {e}")
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import skip_unless_ci
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared UI helpers
 from ui_fixtures import serve, ui_engine  # noqa: E402
 
@@ -28,7 +30,7 @@ RUN_TIMEOUT_MS = 240_000  # a 2-core machine shared with other jobs can be slow;
 def browser():
     chromium = shutil.which("chromium")
     if chromium is None:
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+        skip_unless_ci("chromium is not installed (apt-get install -y chromium)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
