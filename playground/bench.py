@@ -331,13 +331,46 @@ def summarize(records: list[dict], baseline: str = BASELINE, lossless: Iterable[
     return rows
 
 
+TABLE_HEADER = ("method", "runs", "tokens", "tokens/s", "speedup", "tau", "alpha", "lossless")
+"""Columns of :func:`table_cells` (and of the printed table)."""
+
+
+def table_cells(r: dict) -> tuple[str, ...]:
+    """One :func:`summarize` row as the printed table's cells (see :data:`TABLE_HEADER`)."""
+    return (r["method"], str(r["runs"]), str(r["new_tokens"]), f"{r['tokens_per_s']:.2f}",
+            "-" if r["speedup"] is None else f"{r['speedup']:.2f}x", f"{r['tau']:.2f}",
+            "-" if r["alpha"] is None else f"{r['alpha']:.3f}", r["lossless"])
+
+
+def leaderboard(rows: list[dict]) -> tuple[list[str], list[list]]:
+    """:func:`summarize`'s rows pivoted like Spec-Bench's leaderboard: one line per method.
+
+    Returns:
+        ``(header, lines)``: header ``method``, one speedup column per category (in order of
+        appearance), then ``overall speedup``, ``tau``, ``tokens/s`` and ``lossless`` (all
+        overall); each line holds floats rounded to 2 decimals (None where there is no
+        baseline) and the lossless cell (``yes``, ``no (...)``, ``baseline`` or ``-``).
+        No number is recomputed here: every value is a field of a summary row.
+    """
+    cats = [c for c in dict.fromkeys(r["category"] for r in rows) if c != "overall"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    by = {(r["category"], r["method"]): r for r in rows}
+    def rnd(x):
+        return None if x is None else round(x, 2)
+    header = ["method"] + [f"{c} speedup" for c in cats] + ["overall speedup", "tau", "tokens/s", "lossless"]
+    lines = []
+    for m in methods:
+        overall = by.get(("overall", m))
+        if overall is None:
+            continue
+        lines.append([m] + [rnd(by[(c, m)]["speedup"]) if (c, m) in by else None for c in cats]
+                     + [rnd(overall["speedup"]), rnd(overall["tau"]), rnd(overall["tokens_per_s"]), overall["lossless"]])
+    return header, lines
+
+
 def format_table(rows: list[dict]) -> str:
     """Plain-text tables of :func:`summarize`'s rows, one block per category."""
-    header = ("method", "runs", "tokens", "tokens/s", "speedup", "tau", "alpha", "lossless")
-    def fmt(r: dict) -> tuple[str, ...]:
-        return (r["method"], str(r["runs"]), str(r["new_tokens"]), f"{r['tokens_per_s']:.2f}",
-                "-" if r["speedup"] is None else f"{r['speedup']:.2f}x", f"{r['tau']:.2f}",
-                "-" if r["alpha"] is None else f"{r['alpha']:.3f}", r["lossless"])
+    header, fmt = TABLE_HEADER, table_cells
     cells = [header] + [fmt(r) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
     def line(c: tuple[str, ...]) -> str:
@@ -347,6 +380,11 @@ def format_table(rows: list[dict]) -> str:
     for cat in dict.fromkeys(r["category"] for r in rows):
         out += [f"== {cat} ==", line(header)] + [line(fmt(r)) for r in rows if r["category"] == cat] + [""]
     return "\n".join(out).rstrip() + "\n"
+
+
+def record_line(rec: dict) -> str:
+    """One record as the results file holds it: a JSON object and a newline."""
+    return json.dumps(rec, ensure_ascii=False) + "\n"
 
 
 # ----- running -------------------------------------------------------------------------------
@@ -425,6 +463,32 @@ def run_benchmark(engine, questions: list[Question], runners: list[Runner], max_
     method is skipped for all methods (with a note), and so are the question's later turns.
     """
     records = []
+    for kind, item, runs in iter_benchmark(engine, questions, runners, max_new_tokens, extra):
+        if kind == "skip":
+            if progress:
+                progress.write(item)
+                for _ in range(runs):
+                    progress.update("skipped")
+            else:
+                print(item, file=sys.stderr)
+            continue
+        write(item)
+        records.append(item)
+        if progress:
+            progress.update(f"q {item['question_id']} t{item['turn']} {item['method']} "
+                            f"{item['tokens_per_s']:.1f} tok/s")
+    return records
+
+
+def iter_benchmark(engine, questions: list[Question], runners: list[Runner], max_new_tokens: int,
+                   extra: dict | None = None):
+    """The benchmark loop of :func:`run_benchmark` as a generator (the page's Benchmark tab uses it).
+
+    Yields:
+        ``("record", record, 1)`` after each run, and ``("skip", message, runs_skipped)`` when a
+        (question, turn) and the question's later turns are skipped because a prompt does not fit
+        the context. Closing the generator stops after the current run.
+    """
     context = engine.target.context_length
     for q in questions:
         history: dict[str, list[dict]] = {r.name: [] for r in runners}
@@ -438,13 +502,8 @@ def run_benchmark(engine, questions: list[Question], runners: list[Runner], max_
                                          f"it exceeds the context of {context}")
                     prompts[r.name] = ids
             except ValueError as e:
-                msg = f"skipping question {q.question_id} from turn {turn}: {e}"
-                if progress:
-                    progress.write(msg)
-                    for _ in range((len(q.turns) - turn) * len(runners)):
-                        progress.update("skipped")
-                else:
-                    print(msg, file=sys.stderr)
+                yield "skip", f"skipping question {q.question_id} from turn {turn}: {e}", \
+                    (len(q.turns) - turn) * len(runners)
                 break
             for r in runners:
                 rec = {"question_id": q.question_id, "category": q.category, "turn": turn, "method": r.name,
@@ -453,11 +512,7 @@ def run_benchmark(engine, questions: list[Question], runners: list[Runner], max_
                 rec.update(extra or {})
                 history[r.name] += [{"role": "user", "content": user},
                                     {"role": "assistant", "content": rec["output_text"]}]
-                write(rec)
-                records.append(rec)
-                if progress:
-                    progress.update(f"q {q.question_id} t{turn} {r.name} {rec['tokens_per_s']:.1f} tok/s")
-    return records
+                yield "record", rec, 1
 
 
 def warm_up(engine, specs: list, settings, rounds: int) -> None:
@@ -643,7 +698,7 @@ def _main(args: argparse.Namespace) -> int:
     progress = _Progress(turns * len(specs), enabled=not args.no_progress)
 
     def write(rec: dict) -> None:
-        out_file.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        out_file.write(record_line(rec))
         out_file.flush()
     try:
         with torch.inference_mode():

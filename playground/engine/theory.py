@@ -1,0 +1,316 @@
+"""Expected speedup of speculative decoding, and the measured costs that feed it.
+
+Source: Leviathan, Kalman, Matias 2023, "Fast Inference from Transformers via Speculative
+Decoding" (ICML), section 3. With acceptance rate alpha (each drafted token accepted
+independently with probability alpha) and K drafted tokens per step:
+
+* expected tokens per step (the bonus / correction token included, so it is tau)::
+
+      E[tokens] = (1 - alpha^(K+1)) / (1 - alpha)          (= K + 1 when alpha = 1)
+
+* cost of a step, in units of one target forward pass over one token::
+
+      cost = K * c + verify_cost(K + 1)
+
+  where c is the draft's cost per drafted token relative to one target forward, and
+  ``verify_cost(n)`` is the cost of one target forward over n tokens relative to one over a
+  single token. The paper assumes ``verify_cost(n) = 1`` (a GPU has idle compute at batch 1);
+  on a CPU it grows quickly with n, which is why it is measured here
+  (:func:`measure_verify_cost`);
+* expected speedup over autoregressive decoding = E[tokens] / cost.
+
+Plus the size of a Lookahead pass (Fu et al. 2024): ``1 + W*(N-1) + G*(N-1)`` tokens.
+
+Everything here is plain arithmetic on floats except :func:`measure_verify_cost`, which
+times the loaded target. Errors are ``ValueError`` naming the bound.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence, Union
+
+from .limits import MAX_SPECULATIVE_TOKENS
+
+K_PRESETS = {"conservative": 2, "default": 4, "aggressive": 8}
+"""Common choices of K (speculative tokens per step) by appetite for risk."""
+
+FALLBACK_VERIFY_COST: dict[int, float] = {1: 1.0, 8: 2.0, 64: 4.975}
+"""Relative cost of a target forward over n tokens, used until this device is measured.
+
+Measured on the development machine (2-vCPU AMD EPYC, AVX2, float32, 1 thread, default
+model, 200-token cache): 80 ms for 1 token, 160 ms for 8, 398 ms for 64 (README, "float32
+or bfloat16 on a CPU?"). On a GPU at batch 1 the cost stays near 1 up to dozens of tokens.
+"""
+
+DEFAULT_MEASURE_SIZES = (1, 2, 3, 5, 9, 17)
+"""Token counts timed by :func:`measure_verify_cost` by default (K + 1 for K = 1, 2, 4, 8, 16)."""
+
+
+def _check_alpha(alpha: float) -> float:
+    alpha = float(alpha)
+    if not (0.0 <= alpha <= 1.0) or alpha != alpha:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    return alpha
+
+
+def _check_k(k: int, k_max: int = MAX_SPECULATIVE_TOKENS) -> int:
+    if isinstance(k, bool) or int(k) != k or not (0 <= k <= k_max):
+        raise ValueError(f"k must be in [0, {k_max}], got {k}")
+    return int(k)
+
+
+def _check_c(c: float) -> float:
+    c = float(c)
+    if not (c >= 0.0) or math.isinf(c):
+        raise ValueError(f"c (draft cost per token relative to one target forward) must be >= 0, got {c}")
+    return c
+
+
+# ----- verification cost -------------------------------------------------------------------
+@dataclass(frozen=True)
+class VerifyCost:
+    """Relative cost of one target forward over n tokens (1.0 at n = 1), from a table.
+
+    Between table sizes the cost is interpolated linearly; beyond the largest size it is
+    extrapolated along the last segment's slope; below the smallest it is the smallest's.
+
+    Attributes:
+        table: tokens per forward n -> relative cost (needs n = 1 or is normalised to its smallest n).
+        seconds: the measured absolute times behind the table (n -> seconds), when measured.
+        source: where the numbers come from (shown next to the chart).
+    """
+
+    table: Mapping[int, float]
+    seconds: Mapping[int, float] = field(default_factory=dict)
+    source: str = ""
+
+    def __post_init__(self):
+        if not self.table:
+            raise ValueError("a verify-cost table needs at least one entry")
+        for n, v in self.table.items():
+            if int(n) != n or n < 1 or not (v > 0):
+                raise ValueError(f"verify cost table entries must be n >= 1 -> cost > 0, got {n} -> {v}")
+
+    def __call__(self, n: int) -> float:
+        """Relative cost of a forward over ``n`` tokens (``n`` >= 1)."""
+        if n < 1:
+            raise ValueError(f"n (tokens per forward) must be >= 1, got {n}")
+        sizes = sorted(self.table)
+        costs = [float(self.table[s]) for s in sizes]
+        if len(sizes) == 1 or n <= sizes[0]:
+            return costs[0]
+        i = bisect.bisect_left(sizes, n)
+        if i < len(sizes) and sizes[i] == n:
+            return costs[i]
+        lo, hi = (i - 1, i) if i < len(sizes) else (len(sizes) - 2, len(sizes) - 1)
+        slope = (costs[hi] - costs[lo]) / (sizes[hi] - sizes[lo])
+        return max(costs[0], costs[lo] + slope * (n - sizes[lo]))
+
+    def as_dict(self) -> dict:
+        """Plain data (JSON- and pickle-safe): ``{"table": {n: cost}, "seconds": {...}, "source": str}``."""
+        return {"table": {int(k): float(v) for k, v in self.table.items()},
+                "seconds": {int(k): float(v) for k, v in self.seconds.items()}, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "VerifyCost":
+        return cls({int(k): float(v) for k, v in d["table"].items()},
+                   {int(k): float(v) for k, v in (d.get("seconds") or {}).items()}, d.get("source", ""))
+
+
+CONSTANT_VERIFY_COST = VerifyCost({1: 1.0}, source="constant 1 (the paper's assumption: verifying K + 1 "
+                                                   "tokens costs one forward)")
+FALLBACK = VerifyCost(FALLBACK_VERIFY_COST, source="fallback table (development machine's CPU, float32; "
+                                                   "not this device's measurement)")
+
+VerifyCostLike = Union[VerifyCost, Callable[[int], float], Mapping[int, float], None]
+
+
+def as_verify_cost(verify_cost: VerifyCostLike) -> Callable[[int], float]:
+    """A callable n -> relative cost from a :class:`VerifyCost`, a callable, a table, or None (constant 1)."""
+    if verify_cost is None:
+        return CONSTANT_VERIFY_COST
+    if isinstance(verify_cost, Mapping):
+        return VerifyCost(verify_cost)
+    return verify_cost
+
+
+def measure_verify_cost(target, sizes: Sequence[int] = DEFAULT_MEASURE_SIZES, *, prefix_len: int = 128,
+                        repeats: int = 5) -> VerifyCost:
+    """Time one target forward over n tokens for each n in ``sizes``, relative to n = 1.
+
+    Builds a KV cache of ``prefix_len`` tokens once, then for each size runs ``repeats`` forwards
+    of n fresh tokens after that prefix (the cache is cropped back after each) and keeps the
+    median. n = 1 is always measured (it is the unit).
+
+    Args:
+        target: a :class:`~playground.engine.target.CausalLM`, or a loaded model
+            (``models.LoadedModel``: anything with ``.model``).
+        sizes: token counts n >= 1 (e.g. K + 1 for the K values of interest).
+        prefix_len: cached prefix length in tokens (the cost of attention grows with it).
+        repeats: timed forwards per size (the median is kept); one untimed warm-up precedes.
+
+    Returns:
+        :class:`VerifyCost` with ``table`` n -> median seconds(n) / median seconds(1) and
+        ``seconds`` n -> median seconds.
+
+    Raises:
+        ValueError: a size below 1, ``repeats`` below 1, or a prefix too long for the model.
+    """
+    import torch
+
+    from .target import CausalLM
+
+    lm = target if isinstance(target, CausalLM) else CausalLM(target.model)
+    sizes = sorted({1, *(int(n) for n in sizes)})
+    if sizes[0] < 1:
+        raise ValueError(f"sizes must be >= 1, got {sizes[0]}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    ctx = getattr(lm.model.config, "max_position_embeddings", None)
+    if ctx is not None and prefix_len + sizes[-1] > ctx:
+        raise ValueError(f"prefix_len + largest size = {prefix_len + sizes[-1]} exceeds the context of {ctx}")
+    gen = torch.Generator().manual_seed(0)
+    vocab = min(lm.vocab_size, 32000)
+    cache = lm.new_cache()
+    lm.forward(cache, torch.randint(100, vocab, (prefix_len,), generator=gen))
+    seconds: dict[int, float] = {}
+    for n in sizes:
+        times = []
+        for r in range(repeats + 1):
+            ids = torch.randint(100, vocab, (n,), generator=gen)
+            t0 = lm.clock()
+            lm.forward(cache, ids)
+            t = lm.clock() - t0
+            CausalLM.crop(cache, prefix_len)
+            if r:  # the first is a warm-up
+                times.append(t)
+        seconds[n] = statistics.median(times)
+    name = getattr(target, "name", None) or type(lm.model).__name__
+    device = str(lm.device)
+    dtype = str(lm.dtype).removeprefix("torch.")
+    return VerifyCost({n: s / seconds[1] for n, s in seconds.items()}, seconds,
+                      source=f"measured on this device ({device}, {dtype}, {name}, {prefix_len}-token cache, "
+                             f"median of {repeats}) at {time.strftime('%H:%M:%S')}")
+
+
+# ----- the formulas --------------------------------------------------------------------------
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Expected tokens per step with K drafted tokens: (1 - alpha^(K+1)) / (1 - alpha).
+
+    Leviathan et al. 2023, eq. (1); counts the bonus / correction token, so it is tau.
+    alpha = 1 gives K + 1 (the limit); K = 0 gives 1 (autoregressive).
+
+    Raises:
+        ValueError: alpha outside [0, 1] or K outside [0, MAX_SPECULATIVE_TOKENS].
+    """
+    alpha, k = _check_alpha(alpha), _check_k(k)
+    if alpha == 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def step_cost(k: int, c: float, verify_cost: VerifyCostLike = None) -> float:
+    """Cost of one step relative to one single-token target forward: K * c + verify_cost(K + 1)."""
+    k, c = _check_k(k), _check_c(c)
+    return k * c + as_verify_cost(verify_cost)(k + 1)
+
+
+def expected_speedup(alpha: float, k: int, c: float, verify_cost: VerifyCostLike = None) -> float:
+    """Expected speedup over autoregressive decoding: E[tokens] / (K * c + verify_cost(K + 1)).
+
+    With ``verify_cost`` None (constant 1) this is Leviathan et al.'s
+    (1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)). K = 0 gives 1 / verify_cost(1) = 1.
+
+    Args:
+        alpha: acceptance rate in [0, 1].
+        k: drafted tokens per step, in [0, MAX_SPECULATIVE_TOKENS].
+        c: draft cost per drafted token relative to one target forward (>= 0).
+        verify_cost: relative cost of a forward over n tokens (see :func:`as_verify_cost`).
+    """
+    return expected_tokens_per_step(alpha, k) / step_cost(k, c, verify_cost)
+
+
+def optimal_k(alpha: float, c: float, verify_cost: VerifyCostLike = None,
+              k_max: int = MAX_SPECULATIVE_TOKENS) -> tuple[int, float]:
+    """The K in [1, k_max] with the highest expected speedup, and that speedup.
+
+    Ties go to the smaller K. Returns ``(k, speedup)``; when even the best speedup is below 1,
+    speculation does not pay (the caller should say so; K = 0 means plain decoding).
+    """
+    _check_alpha(alpha), _check_c(c), _check_k(k_max)
+    cost = as_verify_cost(verify_cost)
+    best = max(range(1, k_max + 1), key=lambda k: (round(expected_speedup(alpha, k, c, cost), 12), -k))
+    return best, expected_speedup(alpha, best, c, cost)
+
+
+@dataclass(frozen=True)
+class KSuggestion:
+    """A suggested K with the numbers behind it.
+
+    Attributes:
+        k: the suggested K; alpha, c: the inputs (measured); speedup: expected speedup at k;
+        tokens_per_step: expected tau at k; pays_off: speedup > 1.
+    """
+
+    k: int
+    alpha: float
+    c: float
+    speedup: float
+    tokens_per_step: float
+
+    @property
+    def pays_off(self) -> bool:
+        return self.speedup > 1.0
+
+
+def suggest_k(alpha: float, c: float, verify_cost: VerifyCostLike = None,
+              k_max: int = MAX_SPECULATIVE_TOKENS) -> KSuggestion:
+    """The K that a measured acceptance rate and draft cost imply (see :func:`optimal_k`).
+
+    Args:
+        alpha: measured acceptance rate (accepted / drafted) of the draft model.
+        c: measured draft cost ratio (see :func:`draft_cost_ratio`).
+        verify_cost: relative cost of verifying n tokens on this device.
+    """
+    k, speedup = optimal_k(alpha, c, verify_cost, k_max)
+    return KSuggestion(k, float(alpha), float(c), speedup, expected_tokens_per_step(alpha, k))
+
+
+def draft_cost_ratio(draft_s: float, proposed: int, verify_s: float, decode_steps: int) -> float | None:
+    """Measured draft cost c = (draft seconds per drafted token) / (verify seconds per step).
+
+    Args:
+        draft_s: seconds spent drafting over the run (``RunStats.draft_s``).
+        proposed: tokens drafted over the run (``RunStats.proposed``).
+        verify_s: seconds spent verifying over the run (``RunStats.verify_s``, prefill excluded).
+        decode_steps: steps after the prefill (``RunStats.steps - 1``).
+
+    Note the unit: a verification pass scores K + 1 tokens, so on a device where that costs
+    more than one single-token forward, this c is smaller than the paper's c (draft token vs one
+    target token) by the factor verify_cost(K + 1). None when nothing was drafted or timed.
+    """
+    if proposed <= 0 or decode_steps <= 0 or verify_s <= 0:
+        return None
+    return (draft_s / proposed) / (verify_s / decode_steps)
+
+
+# ----- Lookahead ---------------------------------------------------------------------------
+def lookahead_tokens_per_pass(window: int, ngram_size: int, guess_set_size: int) -> int:
+    """Tokens the target processes in one Lookahead pass: 1 + W*(N-1) + G*(N-1).
+
+    The root, the Jacobi window (W columns x N-1 levels) and up to G guessed n-grams of N-1
+    tokens each (Fu et al. 2024). With this many tokens per forward, a device whose cost grows
+    with tokens per forward (a CPU) pays for every extra query.
+
+    Raises:
+        ValueError: W or G below 1, or N below 2.
+    """
+    for name, v, lo in (("window", window, 1), ("ngram_size", ngram_size, 2), ("guess_set_size", guess_set_size, 1)):
+        if isinstance(v, bool) or int(v) != v or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {v}")
+    return 1 + int(window) * (int(ngram_size) - 1) + int(guess_set_size) * (int(ngram_size) - 1)
