@@ -15,8 +15,8 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import threading
 import time
+from types import SimpleNamespace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -28,7 +28,7 @@ from playground.engine.decoding import GenerationSettings
 from playground.engine.limits import GENERATION_KNOBS, Knob
 from playground.engine.sampling import SamplingConfig
 
-from . import charts, render
+from . import advisor_tab, bench_tab, charts, insight, render, theory_tab, worker
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,7 @@ class _RunView:
         self.reasons: dict[str, str | None] = {m: None for m in self.chosen}
         self.stats: dict[str, dict] = {}
         self.timelines: dict[str, list[tuple[float, int]]] = {}
+        self.per_step: dict[str, list[int]] = {m: [] for m in self.chosen}  # tokens emitted by each step
         self.status = ""
         self.html = {m: "" for m in METHODS}
         self.stats_md = {m: "" for m in METHODS}
@@ -153,17 +154,20 @@ class _RunView:
                        for i, m in enumerate(METHODS)}
         self.refresh_figures()
 
-    def add(self, event) -> None:
-        m = event.method
+    def add(self, event: dict) -> None:
+        """Take one step's plain data (:func:`worker.event_dict`)."""
+        m = event["method"]
         out = self.outputs[m]
         if out.last is None:
             self.html[m] = ""  # drop the placeholder; from here on the panel only grows
-        out.add(event)
-        self.html[m] += render.token_spans(event.pieces, SOURCE_LABELS)
-        self.stats[m] = event.stats.as_dict()
-        self.timelines[m] = event.stats.timeline  # the run's own list, growing as it goes
-        if event.finished:
-            self.reasons[m] = event.finish_reason or "done"
+        out.add(SimpleNamespace(**event))  # RunOutput reads tokens, sources, margins, pieces
+        self.html[m] += render.token_spans(event["pieces"], SOURCE_LABELS)
+        self.stats[m] = event["stats"]
+        self.timelines.setdefault(m, []).append(tuple(event["point"]))
+        if event["tokens"]:
+            self.per_step[m].append(len(event["tokens"]))
+        if event["finished"]:
+            self.reasons[m] = event["finish_reason"] or "done"
             if not out.ids:
                 self.html[m] = render.placeholder("(no text: the model ended its answer at once)")
         for name in self.chosen:
@@ -204,8 +208,19 @@ class _RunView:
         self.chart = charts.timeline_figure(timeline, self.colors)
         self.bars = charts.speed_figure(speed, self.colors)
 
-    def values(self) -> tuple:
-        """Every output value, in the order of the handler's outputs.
+    def summary(self) -> dict:
+        """The run as plain data for the insight charts and the Theory tab: ``{"target", "dtype",
+        "baseline_tokens_per_s", "methods": {method: {"label", "params", "stats" (RunStats.as_dict),
+        "tokens_per_step": [int, ...]}}}``."""
+        base = self.stats.get(BASELINE, {}).get("tokens_per_s") if BASELINE in self.chosen else None
+        return {"target": self.engine.target.name, "dtype": str(self.engine.target.dtype).removeprefix("torch."),
+                "baseline_tokens_per_s": base or None,
+                "methods": {m: {"label": METHODS[m].label, "params": self.outputs[m].params,
+                                "stats": self.stats.get(m, {}), "tokens_per_step": list(self.per_step[m])}
+                            for m in self.chosen}}
+
+    def values(self, final: bool = False) -> tuple:
+        """Every output value, in the order of the handler's outputs (the last-run state only when ``final``).
 
         Whole values each time: Gradio sends only the difference from the previous update
         (an append for a growing panel, nothing for an unchanged one).
@@ -213,57 +228,69 @@ class _RunView:
         out: list = [self.status]
         for m in METHODS:
             out += [self.html[m], self.stats_md[m], self.badge_md[m]]
-        return tuple(out + [self.chart, self.bars])
+        return tuple(out + [self.chart, self.bars, self.summary() if final else gr.skip()])
 
 
 def _message_only(text: str) -> tuple:
     """Output values that change the status line only."""
-    return (text,) + (gr.skip(),) * (3 * len(METHODS) + 2)
+    return (text,) + (gr.skip(),) * (3 * len(METHODS) + 3)
 
 
-def run_comparison(engine: Engine, *values) -> Iterator[tuple]:
+def run_comparison(engine: Engine, *values, stream=None) -> Iterator[tuple]:
     """The ``/run`` handler: stream every chosen method's text, stats, badge and the charts.
+
+    The model runs in ``stream`` (default :data:`worker.RUN`: :func:`worker.stream_run`, on a
+    ZeroGPU slice when ``spaces`` is installed), which takes and yields plain data only; this
+    generator turns its dicts into the page's HTML and figures.
 
     Args:
         engine: the loaded engine.
         values: the input values in :func:`input_names` order (see :func:`run_arguments`).
+        stream: the plain-data run function (tests pass a decorated one).
 
     Yields:
         Tuples of output values (status, then per method: tokens HTML, stats line, badge;
         then the timeline and throughput figures); after bad input, the status alone changes.
         Bad input yields one status message (and a warning toast) and ends; it never raises.
     """
-    cancel = threading.Event()
+    stream = stream or worker.RUN
     events = None
     try:
         try:
             prompt, specs, settings = _parse(values)
-            prompt_ids = engine.encode_prompt(prompt)
         except ValueError as e:
             gr.Warning(str(e))
             yield _message_only(render.status_html("warning", str(e)))
             return
         view = _RunView(engine, specs, settings)
         labels = ", ".join(METHODS[s.name].label for s in specs)
-        view.status = render.status_html("running", f"Running {labels} on a {len(prompt_ids)}-token prompt…")
-        yield view.values()
         start = last = last_chart = time.perf_counter()
-        events = engine.run(prompt_ids, specs, settings, cancel=cancel)
+        events = stream(worker.register(engine), prompt, worker.spec_dicts(specs), worker.settings_dict(settings))
         for event in events:
-            first = view.outputs[event.method].last is None
+            if event["type"] == "warning":  # the engine's checks before the first step
+                gr.Warning(event["message"])
+                yield _message_only(render.status_html("warning", event["message"]))
+                return
+            if event["type"] == "start":
+                view.status = render.status_html(
+                    "running", f"Running {labels} on a {event['prompt_tokens']}-token prompt…")
+                yield view.values()
+                start = last = last_chart = time.perf_counter()
+                continue
+            first = view.outputs[event["method"]].last is None
             view.add(event)
             now = time.perf_counter()
-            if now - last_chart >= CHART_REFRESH_S or event.finished:
+            if now - last_chart >= CHART_REFRESH_S or event["finished"]:
                 view.refresh_figures()
                 last_chart = now
-            if first or event.finished or now - last >= UI_REFRESH_S:
+            if first or event["finished"] or now - last >= UI_REFRESH_S:
                 yield view.values()
                 last = now
         view.status = render.status_html(
             "done", f"Done in {time.perf_counter() - start:.1f} s (methods run side by side, one step each "
                     "in turn; each method's speed counts only its own steps).")
         view.refresh_figures()
-        yield view.values()
+        yield view.values(final=True)
     except ValueError as e:  # the engine's checks before the first step
         gr.Warning(str(e))
         yield _message_only(render.status_html("warning", str(e)))
@@ -274,9 +301,8 @@ def run_comparison(engine: Engine, *values) -> Iterator[tuple]:
             "error", f"Unexpected error: {type(e).__name__}: {e}. The server is still running: "
                      "try again or change the settings."))
     finally:
-        cancel.set()
-        if events is not None:
-            events.close()
+        if events is not None and hasattr(events, "close"):
+            events.close()  # cancels the run after its current step
 
 
 # ----- the page ---------------------------------------------------------------------------
@@ -309,55 +335,72 @@ def build_demo(engine: Engine) -> gr.Blocks:
         gr.Markdown(render.header_markdown(TITLE, target.name, draft.name if draft is not None else None,
                                            str(target.device), str(target.dtype).removeprefix("torch.")),
                     elem_id="header")
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=3):
-                prompt = gr.Textbox(label="Prompt", lines=6, max_lines=14, elem_id="prompt",
-                                    placeholder="Type a prompt, or pick an example below")
-                if examples:
-                    gr.Examples([[e["prompt"]] for e in examples], inputs=[prompt],
-                                example_labels=[e["label"] for e in examples], label="Examples",
-                                examples_per_page=len(examples))
-                with gr.Row():
-                    run_btn = gr.Button("Run", variant="primary", elem_id="run")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
-                status = gr.HTML("", elem_id="status", label="status")
-            with gr.Column(scale=2):
-                gr.Markdown("### Methods")
-                use, knobs = {}, []
-                for m, info in METHODS.items():
-                    reason = engine.unavailable_reason(m)
-                    use[m] = gr.Checkbox(value=available[m], label=info.label, info=info.description,
-                                         interactive=available[m], elem_id=f"use-{m}")
-                    if reason:
-                        gr.Markdown(f"**Unavailable:** {reason}", elem_id=f"reason-{m}",
-                                    elem_classes=["unavailable-reason"])
-                    if info.knobs:
-                        with gr.Accordion(f"{info.label} settings", open=False):
-                            knobs += [_knob_input(k, f"{m}-{k.name}", available[m]) for k in info.knobs]
-                with gr.Accordion("Generation settings", open=False):
-                    gen = [_knob_input(k, f"gen-{k.name}") for k in GENERATION_KNOBS]
+        last_run = gr.State(None)  # plain data of the last finished run (see _RunView.summary)
+        engine_key = worker.register(engine)
+        with gr.Tabs(elem_id="tabs"):
+            with gr.Tab("Playground", id="playground", elem_id="tab-playground"):
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=3):
+                        prompt = gr.Textbox(label="Prompt", lines=6, max_lines=14, elem_id="prompt",
+                                            placeholder="Type a prompt, or pick an example below")
+                        if examples:
+                            gr.Examples([[e["prompt"]] for e in examples], inputs=[prompt],
+                                        example_labels=[e["label"] for e in examples], label="Examples",
+                                        examples_per_page=len(examples))
+                        with gr.Row():
+                            run_btn = gr.Button("Run", variant="primary", elem_id="run")
+                            stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
+                        status = gr.HTML("", elem_id="status", label="status")
+                    with gr.Column(scale=2):
+                        gr.Markdown("### Methods")
+                        use, knobs = {}, []
+                        for m, info in METHODS.items():
+                            reason = engine.unavailable_reason(m)
+                            use[m] = gr.Checkbox(value=available[m], label=info.label, info=info.description,
+                                                 interactive=available[m], elem_id=f"use-{m}")
+                            if reason:
+                                gr.Markdown(f"**Unavailable:** {reason}", elem_id=f"reason-{m}",
+                                            elem_classes=["unavailable-reason"])
+                            if info.knobs:
+                                with gr.Accordion(f"{info.label} settings", open=False):
+                                    knobs += [_knob_input(k, f"{m}-{k.name}", available[m]) for k in info.knobs]
+                                    if m == "lookahead":  # tokens per pass next to W/N/G, and presets
+                                        insight.lookahead_controls(dict(zip([k.name for k in info.knobs],
+                                                                            knobs[-len(info.knobs):])))
+                        with gr.Accordion("Generation settings", open=False):
+                            gen = [_knob_input(k, f"gen-{k.name}") for k in GENERATION_KNOBS]
 
-        gr.HTML(render.legend_html(sources, SOURCE_LABELS), elem_id="legend")
-        panel_cols, panel_outputs = {}, []
-        with gr.Row(equal_height=False):
-            for m, info in METHODS.items():
-                with gr.Column(visible=bool(use[m].value), elem_classes=["method-panel"],
-                               elem_id=f"col-{m}", min_width=260) as col:
-                    gr.Markdown(f"**{info.label}**", elem_classes=["panel-title"])
-                    # The value only grows during a run (spans appended), so it streams as diffs;
-                    # the wrapper and its CSS live in the template.
-                    tokens = gr.HTML(render.placeholder("press Run to generate"), elem_id=f"panel-{m}",
-                                     label=f"{m} text", html_template='<div class="tokens">${value}</div>',
-                                     css_template=render.TOKENS_CSS, max_height=420, autoscroll=True)
-                    stats = gr.Markdown("", elem_id=f"stats-{m}", elem_classes=["stats-line"],
-                                        label=f"{m} stats")
-                    badge = gr.HTML("", elem_id=f"badge-{m}", elem_classes=["badge-line"],
-                                    label=f"{m} lossless check")
-                panel_cols[m] = col
-                panel_outputs += [tokens, stats, badge]
-        with gr.Row():
-            chart = gr.Plot(label="Tokens over time", show_label=False, elem_id="chart", scale=3)
-            bars = gr.Plot(label="Tokens per second", show_label=False, elem_id="bars", scale=2)
+                gr.HTML(render.legend_html(sources, SOURCE_LABELS), elem_id="legend")
+                panel_cols, panel_outputs = {}, []
+                with gr.Row(equal_height=False):
+                    for m, info in METHODS.items():
+                        with gr.Column(visible=bool(use[m].value), elem_classes=["method-panel"],
+                                       elem_id=f"col-{m}", min_width=260) as col:
+                            gr.Markdown(f"**{info.label}**", elem_classes=["panel-title"])
+                            # The value only grows during a run (spans appended), so it streams as diffs;
+                            # the wrapper and its CSS live in the template.
+                            tokens = gr.HTML(render.placeholder("press Run to generate"), elem_id=f"panel-{m}",
+                                             label=f"{m} text", html_template='<div class="tokens">${value}</div>',
+                                             css_template=render.TOKENS_CSS, max_height=420, autoscroll=True)
+                            stats = gr.Markdown("", elem_id=f"stats-{m}", elem_classes=["stats-line"],
+                                                label=f"{m} stats")
+                            badge = gr.HTML("", elem_id=f"badge-{m}", elem_classes=["badge-line"],
+                                            label=f"{m} lossless check")
+                            if m == "draft_model":  # per-position acceptance, time split, suggested K
+                                draft_insight = insight.build_draft_panel()
+                        panel_cols[m] = col
+                        panel_outputs += [tokens, stats, badge]
+                with gr.Row():
+                    chart = gr.Plot(label="Tokens over time", show_label=False, elem_id="chart", scale=3)
+                    bars = gr.Plot(label="Tokens per second", show_label=False, elem_id="bars", scale=2)
+
+                run_charts = insight.build_run_charts()
+            with gr.Tab("Benchmark", id="benchmark", elem_id="tab-benchmark"):
+                bench_tab.build(engine)
+            with gr.Tab("Theory", id="theory", elem_id="tab-theory") as theory:
+                theory_tab.build(engine, last_run, theory)
+            with gr.Tab("Advisor", id="advisor", elem_id="tab-advisor"):
+                advisor_tab.build(engine, use, dict(zip(_knob_keys(), knobs)))
 
         for m in METHODS:
             use[m].change(lambda on: gr.Column(visible=bool(on)), use[m], panel_cols[m],
@@ -371,12 +414,21 @@ def build_demo(engine: Engine) -> gr.Blocks:
             [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in input_names()])
 
         run_event = run_btn.click(run, [prompt, *use.values(), *knobs, *gen],
-                                  [status, *panel_outputs, chart, bars], api_name="run",
+                                  [status, *panel_outputs, chart, bars, last_run], api_name="run",
                                   concurrency_id="engine")
+        # The per-run charts and the draft panel's insight, from the finished run's plain data.
+        run_event.then(lambda summary: insight.after_run(summary, engine_key), last_run,
+                       [*run_charts, *draft_insight], api_visibility="private", queue=False)
         # Stop closes the run's generator after its current step (its `finally` sets the cancel flag).
         stop_btn.click(lambda: render.status_html("stopped", "Stopped."), None, status, cancels=[run_event],
                        api_visibility="private", queue=False)
     # Two runs may be in flight at once: the engine serialises their steps with its lock and
     # each run keeps its own caches, so both stream (interleaved) instead of one waiting.
-    demo.queue(default_concurrency_limit=CONCURRENT_RUNS, max_size=QUEUE_SIZE)
+    # On Hugging Face Spaces (shared CPU or one ZeroGPU slice) one run at a time.
+    demo.queue(default_concurrency_limit=1 if worker.on_spaces() else CONCURRENT_RUNS, max_size=QUEUE_SIZE)
     return demo
+
+
+def _knob_keys() -> list[tuple[str, str]]:
+    """``(method, knob name)`` of each method knob input, in :func:`input_names` order."""
+    return [(m, k.name) for m, info in METHODS.items() for k in info.knobs]

@@ -67,3 +67,164 @@ def speed_figure(tokens_per_s: Mapping[str, float], colors: Mapping[str, str] | 
     fig = _layout(fig, "Throughput", "", "tokens / s")
     fig.update_layout(showlegend=False)
     return fig
+
+
+def _color(colors: Mapping[str, str] | None, label: str, i: int) -> str:
+    return (colors or {}).get(label, METHOD_COLORS[i % len(METHOD_COLORS)])
+
+
+def empty_figure(title: str, message: str) -> go.Figure:
+    """A figure with only a title and a grey note in the middle (no data yet)."""
+    fig = _layout(go.Figure(), title, "", "")
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=13, color="#9ca3af"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def tokens_per_step_figure(series: Mapping[str, Sequence[int]],
+                           colors: Mapping[str, str] | None = None) -> go.Figure:
+    """Tokens emitted by each step over the run (accepted drafts plus the bonus token), per method.
+
+    Args:
+        series: method label -> tokens emitted by step 0 (the prefill), 1, 2, ...
+        colors: method label -> colour.
+    """
+    if not any(series.values()):
+        return empty_figure("Accepted tokens per step", "run a comparison to see each step")
+    fig = go.Figure()
+    for i, (label, counts) in enumerate(series.items()):
+        fig.add_trace(go.Scatter(x=list(range(len(counts))), y=list(counts), mode="lines+markers", name=label,
+                                 line=dict(color=_color(colors, label, i), width=1.5, shape="hv"),
+                                 marker=dict(size=4)))
+    fig = _layout(fig, "Accepted tokens per step (bonus token included)", "step", "tokens")
+    fig.update_yaxes(dtick=1)
+    return fig
+
+
+def tokens_per_step_histogram(series: Mapping[str, Sequence[int]],
+                              colors: Mapping[str, str] | None = None) -> go.Figure:
+    """Share of steps that emitted 1, 2, 3, ... tokens, per method (grouped bars).
+
+    Args:
+        series: method label -> tokens emitted by each step.
+    """
+    if not any(series.values()):
+        return empty_figure("Tokens per step: histogram", "run a comparison to see the distribution")
+    top = max(max(c) for c in series.values() if c)
+    xs = list(range(1, top + 1))
+    fig = go.Figure()
+    for i, (label, counts) in enumerate(series.items()):
+        if not counts:
+            continue
+        share = [round(sum(1 for c in counts if c == x) / len(counts), 4) for x in xs]
+        fig.add_trace(go.Bar(x=xs, y=share, name=label, marker_color=_color(colors, label, i)))
+    fig = _layout(fig, "Tokens per step: histogram", "tokens emitted by a step", "share of steps")
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(dtick=1)
+    return fig
+
+
+def per_position_figure(series: Mapping[str, Sequence[float]],
+                        colors: Mapping[str, str] | None = None) -> go.Figure:
+    """Acceptance rate of the i-th drafted token, among steps that drafted one, per method.
+
+    Args:
+        series: method label -> ``RunStats.per_position_acceptance`` (position 1 first).
+    """
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return empty_figure("Acceptance by draft position", "no method drafted tokens in the last run")
+    fig = go.Figure()
+    for i, (label, rates) in enumerate(series.items()):
+        fig.add_trace(go.Scatter(x=list(range(1, len(rates) + 1)), y=[round(r, 4) for r in rates],
+                                 mode="lines+markers", name=label, line=dict(color=_color(colors, label, i))))
+    fig = _layout(fig, "Acceptance by draft position", "position in the draft", "acceptance rate")
+    fig.update_yaxes(range=[0, 1.05])
+    fig.update_xaxes(dtick=1)
+    return fig
+
+
+def time_split_figure(split: Mapping[str, tuple[float, float]]) -> go.Figure:
+    """Seconds spent drafting and verifying per method (stacked horizontal bars; prefill excluded).
+
+    Args:
+        split: method label -> ``(draft_s, verify_s)``.
+    """
+    if not split:
+        return empty_figure("Draft vs verify time", "run a comparison to see the split")
+    labels = list(split)
+    fig = go.Figure([
+        go.Bar(y=labels, x=[round(split[lb][0], 4) for lb in labels], name="drafting", orientation="h",
+               marker_color="#f59e0b"),
+        go.Bar(y=labels, x=[round(split[lb][1], 4) for lb in labels], name="verifying (target pass)",
+               orientation="h", marker_color="#3b82f6"),
+    ])
+    fig = _layout(fig, "Draft vs verify time (decode steps)", "seconds", "")
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(rangemode="normal")
+    return fig
+
+
+def theory_figure(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+                  points: Sequence[dict] = (), title: str = "Expected speedup vs acceptance rate") -> go.Figure:
+    """Expected-speedup curves against alpha, with measured points overlaid.
+
+    Args:
+        curves: curve label (e.g. ``"K=4, c=0.05"``) -> ``(alphas, speedups)``.
+        points: measured runs: ``{"label", "alpha", "speedup", "text"}`` each.
+    """
+    fig = go.Figure()
+    for i, (label, (xs, ys)) in enumerate(curves.items()):
+        fig.add_trace(go.Scatter(x=list(xs), y=[round(y, 4) for y in ys], mode="lines", name=label,
+                                 line=dict(color=METHOD_COLORS[i % len(METHOD_COLORS)], width=2,
+                                           dash="solid" if i < len(METHOD_COLORS) else "dash")))
+    for p in points:
+        fig.add_trace(go.Scatter(x=[p["alpha"]], y=[p["speedup"]], mode="markers+text", name=p["label"],
+                                 text=[p.get("text", p["label"])], textposition="top center",
+                                 marker=dict(size=12, symbol="diamond", color="#111827",
+                                             line=dict(color="#ffffff", width=1))))
+    fig.add_hline(y=1.0, line=dict(color="#9ca3af", dash="dot", width=1))
+    fig = _layout(fig, title, "acceptance rate alpha", "expected speedup (x)")
+    fig.update_layout(height=420)
+    fig.update_xaxes(range=[0, 1])
+    return fig
+
+
+def bench_speedup_figure(rows: Sequence[dict], baseline: str = "autoregressive") -> go.Figure:
+    """Grouped bars: speedup over the baseline per category (and overall), one bar per method.
+
+    Args:
+        rows: ``playground.bench.summarize`` rows (category, method, speedup, ...).
+    """
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != baseline]
+    if not methods:
+        return empty_figure("Speedup by category", "run a benchmark with at least one method besides the baseline")
+    cats = list(dict.fromkeys(r["category"] for r in rows))
+    by = {(r["category"], r["method"]): r for r in rows}
+    fig = go.Figure()
+    for i, m in enumerate(methods):
+        ys = [by[(c, m)]["speedup"] if (c, m) in by and by[(c, m)]["speedup"] is not None else None for c in cats]
+        fig.add_trace(go.Bar(x=cats, y=ys, name=m, marker_color=METHOD_COLORS[(i + 1) % len(METHOD_COLORS)],
+                             text=[None if y is None else f"{y:.2f}x" for y in ys], textposition="outside",
+                             cliponaxis=False))
+    fig.add_hline(y=1.0, line=dict(color="#9ca3af", dash="dot", width=1))
+    fig = _layout(fig, "Speedup over autoregressive, by category", "", "speedup (x)")
+    fig.update_layout(barmode="group", height=360)
+    return fig
+
+
+def bench_tau_figure(rows: Sequence[dict]) -> go.Figure:
+    """Bars of tau (mean tokens per step, bonus included), overall, per method."""
+    overall = [r for r in rows if r["category"] == "overall"]
+    if not overall:
+        return empty_figure("Tau per method", "run a benchmark")
+    labels = [r["method"] for r in overall]
+    ys = [round(r["tau"], 3) for r in overall]
+    fig = go.Figure(go.Bar(x=labels, y=ys, marker_color=[METHOD_COLORS[i % len(METHOD_COLORS)]
+                                                          for i in range(len(labels))],
+                           text=[f"{y:.2f}" for y in ys], textposition="outside", cliponaxis=False))
+    fig = _layout(fig, "Tau: mean tokens per step (overall)", "", "tokens / step")
+    fig.update_layout(showlegend=False, height=360)
+    return fig

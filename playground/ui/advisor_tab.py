@@ -1,0 +1,191 @@
+"""The Advisor tab: which method suits your situation, why, and a button that applies it.
+
+The rules and the advice come from :mod:`playground.presets` (data plus one function); this
+module only lays them out, applies an :class:`~playground.presets.Advice` to the Playground tab's
+checkboxes and sliders, and offers the model presets (loaded through
+:mod:`playground.engine.models`, like the default; a preset that cannot load here shows the
+loader's message).
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+
+import gradio as gr
+
+from playground import presets
+from playground.engine.compare import BASELINE, METHODS, Engine
+
+log = logging.getLogger(__name__)
+
+NO_DRAFT = 0.0
+"""The draft-size box's value meaning "no same-family smaller model"."""
+
+
+def target_size_b(engine) -> float:
+    """The loaded target's parameter count in billions (rounded to 3 decimals)."""
+    try:
+        return round(sum(p.numel() for p in engine.target.model.parameters()) / 1e9, 3)
+    except AttributeError:
+        return 0.135
+
+
+def advice_markdown(advice: presets.Advice, engine) -> str:
+    """The advice as Markdown: the recommendation, settings, reasons with their rules, measured notes."""
+    label = METHODS[advice.primary].label if advice.primary in METHODS else advice.primary
+    lines = [f"### Recommended: **{label}**"]
+    ticks = ", ".join(METHODS[m].label if m in METHODS else m for m in advice.methods)
+    lines.append(f"Compare on the Playground tab: {ticks}.")
+    for m, params in advice.params.items():
+        name = METHODS[m].label if m in METHODS else m
+        lines.append(f"- **{name}**: " + ", ".join(f"{k} = {v}" for k, v in params.items()))
+    lines.append("\n**Why**")
+    for rule_id, text in advice.reasons:
+        rule = presets.RULES[rule_id]
+        lines.append(f"- {html.escape(text)}. _Rule `{rule_id}`: {html.escape(rule.guidance)} ({rule.source})_")
+    if advice.measured_notes:
+        lines.append("\n**Where our measurements disagree**")
+        lines += [f"- {html.escape(n)}" for n in advice.measured_notes]
+    missing = [m for m in advice.methods if m not in METHODS or engine.unavailable_reason(m)]
+    if missing:
+        lines.append("\n_Not available with the loaded models (Apply skips them): "
+                     + "; ".join(f"{m}: {engine.unavailable_reason(m) if m in METHODS else 'not in this build'}"
+                                 for m in missing) + "_")
+    return "\n".join(lines)
+
+
+def situation(target_b, draft_b, train, task, appetite, device) -> presets.Situation:
+    """A :class:`presets.Situation` from the tab's inputs (draft size 0 = none)."""
+    d = float(draft_b or 0)
+    return presets.Situation(float(target_b or 0), d if d > 0 else None, bool(train), task, appetite, device)
+
+
+def advise(engine, *values) -> tuple[str, dict | None]:
+    """``(markdown, advice as plain data or None)``; bad input gives a message, never raises."""
+    try:
+        adv = presets.advise(situation(*values))
+    except (TypeError, ValueError) as e:
+        return f"**Cannot advise:** {html.escape(str(e))}", None
+    return advice_markdown(adv, engine), {"methods": adv.methods, "params": adv.params, "primary": adv.primary}
+
+
+def apply_values(engine, advice: dict | None, knob_keys: list[tuple[str, str]]) -> tuple:
+    """Output values applying ``advice`` to the Playground tab: one per method checkbox (in METHODS
+    order), one per knob slider (in ``knob_keys`` order; skipped when the advice does not set it),
+    then a status message."""
+    if not advice:
+        return (*(gr.skip() for _ in METHODS), *(gr.skip() for _ in knob_keys), "Nothing to apply: advise first.")
+    ticks = [m for m in advice["methods"] if m in METHODS and engine.unavailable_reason(m) is None]
+    skipped = [m for m in advice["methods"] if m not in ticks]
+    boxes = [m in ticks for m in METHODS]
+    knobs = []
+    for m, k in knob_keys:
+        value = (advice["params"].get(m) or {}).get(k)
+        if value is not None and m in METHODS:
+            knob = next(kn for kn in METHODS[m].knobs if kn.name == k)
+            if hasattr(knob, "maximum"):  # clamp numbers into the slider's bounds
+                value = min(max(value, knob.minimum), knob.maximum)
+            value = knob.check(value)
+        knobs.append(gr.skip() if value is None else value)
+    msg = "Applied to the Playground tab: " + ", ".join(METHODS[m].label for m in ticks) + "."
+    if skipped:
+        msg += " Not available here: " + ", ".join(skipped) + "."
+    return (*boxes, *knobs, msg)
+
+
+def preset_markdown(name: str) -> str:
+    p = presets.get_preset(name)
+    parts = [f"**{p.label}** — target `{p.target}`"]
+    if p.drafts:
+        parts.append("drafts " + ", ".join(f"`{d}`" for d in p.drafts))
+    if p.medusa:
+        parts.append(f"Medusa heads `{p.medusa}`")
+    where = "loads offline" if p.offline else "needs the Hugging Face hub"
+    return ", ".join(parts) + f" ({where}). {p.note}"
+
+
+def load_preset(engine, name: str) -> str:
+    """Load preset ``name`` into ``engine`` (its models are replaced); return a message.
+
+    Loading goes through :func:`presets.load_preset` (``models.load_model``); a failure
+    (no hub, unknown id, out of memory) is reported, and the loaded models stay.
+    """
+    from playground.engine.models import ModelLoadError
+
+    try:
+        p = presets.get_preset(name)
+        if p.target == getattr(engine.target, "spec", None) and (p.draft is None or engine.draft is not None):
+            return f"{p.label} is already loaded."
+        target, draft = presets.load_preset(name, engine.target.device, engine.target.dtype)
+    except (ModelLoadError, ValueError, MemoryError, OSError) as e:
+        return f"**Could not load preset {html.escape(name)}:** {html.escape(str(e))}"
+    new = Engine(target, draft)
+    with engine.lock:  # swap between steps: runs in flight finish their current step first
+        engine.__dict__.update({k: v for k, v in new.__dict__.items() if k != "lock"})
+    return (f"Loaded **{html.escape(target.name)}**" + (f" with draft {html.escape(draft.name)}" if draft else "")
+            + ". Reload the page to see the header and the methods that are now available.")
+
+
+def build(engine, use: dict, knobs: dict) -> None:
+    """Lay the tab out and wire Apply to the Playground tab's ``use`` checkboxes and ``knobs`` sliders.
+
+    Args:
+        use: method -> its checkbox on the Playground tab.
+        knobs: ``(method, knob name)`` -> its slider on the Playground tab.
+    """
+    device = "cpu" if str(engine.target.device) == "cpu" else "gpu"
+    gr.Markdown("Tell the advisor about your deployment; it recommends a method and settings, with the rule behind "
+                "each choice, and says where measurements on this machine disagree with a rule.")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2, min_width=300):
+            target_b = gr.Number(target_size_b(engine), label="Target size (billions of parameters)", minimum=0.001,
+                                 elem_id="advisor-target-b")
+            draft_b = gr.Number(NO_DRAFT, label="Same-family smaller model with the same tokenizer (billions; 0 = none)",
+                                minimum=0, elem_id="advisor-draft-b")
+            train = gr.Checkbox(False, label="Willing to train something (e.g. Medusa heads)", elem_id="advisor-train")
+            task = gr.Dropdown(list(presets.TASKS), value="chat", label="Task", elem_id="advisor-task",
+                               info="Code, summarisation, RAG and extraction copy from the prompt.")
+            appetite = gr.Radio(list(presets.APPETITES), value="default", label="Appetite for risk (sets K)",
+                                elem_id="advisor-appetite")
+            dev = gr.Radio(["gpu", "cpu"], value=device, label="Device", elem_id="advisor-device")
+            with gr.Row():
+                go_btn = gr.Button("Advise", variant="primary", elem_id="advisor-go")
+                apply_btn = gr.Button("Apply to the Playground tab", elem_id="advisor-apply")
+            applied = gr.Markdown("", elem_id="advisor-applied")
+        with gr.Column(scale=3):
+            inputs = [target_b, draft_b, train, task, appetite, dev]
+            md0, adv0 = advise(engine, target_size_b(engine), NO_DRAFT, False, "chat", "default", device)
+            out = gr.Markdown(md0, elem_id="advisor-output")
+            state = gr.State(adv0)
+    with gr.Accordion("Model presets", open=True, elem_id="presets"):
+        gr.Markdown("Each preset is a target with its drafts or Medusa heads. Loading uses the same loader as "
+                    "`--target`; hub presets need the Hugging Face hub (and usually a GPU). On the command line: "
+                    "`python app.py --preset NAME`.")
+        with gr.Row():
+            pick = gr.Dropdown([(p.label, p.name) for p in presets.PRESETS.values()], value="default",
+                               label="Preset", elem_id="preset-pick")
+            fill_btn = gr.Button("Use its sizes in the advisor", size="sm", elem_id="preset-fill")
+            load_btn = gr.Button("Load preset", size="sm", elem_id="preset-load")
+        preset_info = gr.Markdown(preset_markdown("default"), elem_id="preset-info")
+        with gr.Accordion("The advisor's rules", open=False):
+            gr.Markdown("\n".join(f"- **`{r.id}`**: {r.guidance} _({r.source})_" for r in presets.RULES.values()))
+
+    knob_keys = list(knobs)
+    go_btn.click(lambda *v: advise(engine, *v), inputs, [out, state], api_visibility="private", queue=False)
+    for comp in inputs:
+        comp.change(lambda *v: advise(engine, *v), inputs, [out, state], api_visibility="private", queue=False)
+    apply_btn.click(lambda adv: apply_values(engine, adv, knob_keys), state,
+                    [*(use[m] for m in METHODS), *(knobs[k] for k in knob_keys), applied],
+                    api_visibility="private", queue=False)
+    pick.change(preset_markdown, pick, preset_info, api_visibility="private", queue=False)
+
+    def fill(name):
+        p = presets.get_preset(name)
+        sizes = {"HuggingFaceTB/SmolLM2-360M-Instruct": 0.36, "HuggingFaceTB/SmolLM2-135M-Instruct": 0.135,
+                 "Qwen/Qwen2.5-0.5B-Instruct": 0.5, "meta-llama/Llama-2-7b-chat-hf": 6.7}
+        return p.params_b, sizes.get(p.draft, NO_DRAFT), bool(p.medusa)
+
+    fill_btn.click(fill, pick, [target_b, draft_b, train], api_visibility="private", queue=False)
+    load_btn.click(lambda name: load_preset(engine, name), pick, preset_info, api_visibility="private",
+                   concurrency_id="engine")

@@ -1,0 +1,265 @@
+"""The Benchmark tab: the benchmark of ``python -m playground.bench``, run from the page.
+
+Questions come from the bundled sets (``assets/bench/``) or an uploaded JSONL in either format
+(Spec-Bench or HumanEval rows), parsed by ``bench.load_questions``; the runs are
+``bench.iter_benchmark`` (through :func:`worker.stream_bench`); the table and its numbers are
+``bench.summarize`` / ``bench.table_cells`` / ``bench.leaderboard``: the command line's own
+functions, so the page and the CLI cannot disagree. Downloads hold the same records the CLI
+writes (JSONL) and the same as CSV (:mod:`playground.bench_io`).
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import gradio as gr
+
+from playground import bench, bench_io
+from playground.engine.compare import BASELINE, METHODS, MethodSpec
+from playground.engine.limits import Knob
+
+from . import charts, worker
+
+SETS = {"Spec-Bench dev (bundled)": "spec_bench", "HumanEval dev (bundled)": "humaneval"}
+UPLOAD = "Upload a JSONL file"
+LEADERBOARD_CSV = bench.ASSETS / "spec_bench_leaderboard.csv"
+MAX_PAGE_QUESTIONS = 40
+"""Most questions one benchmark from the page may run (the CLI has no such bound)."""
+MAX_PAGE_NEW_TOKENS = 512
+"""Most new tokens per run in a benchmark from the page."""
+LIMIT_KNOB = Knob("limit", "Questions (first N, after the categories)", 1, MAX_PAGE_QUESTIONS, 2,
+                  info="Keeps the first N questions in file order, as the CLI's --limit.")
+NEW_TOKENS_KNOB = Knob("max_new_tokens", "Max new tokens", 1, MAX_PAGE_NEW_TOKENS, 64,
+                       info="Per run; greedy decoding, so lossless methods can be checked.")
+DETAIL_HEADER = ["category", *bench.TABLE_HEADER]
+
+
+def questions_path(set_name: str, upload: str | None) -> str:
+    """The file (or built-in set name) ``bench.load_questions`` should read.
+
+    Raises:
+        bench.BenchError: upload chosen but no file given.
+    """
+    if set_name == UPLOAD:
+        if not upload:
+            raise bench.BenchError("choose a JSONL file to upload (Spec-Bench or HumanEval rows)")
+        return str(upload)
+    return SETS.get(set_name, "spec_bench")
+
+
+def category_choices(set_name: str, upload: str | None) -> tuple[list[str], str]:
+    """``(categories in file order, message)``; an unreadable file gives no categories and the reason."""
+    try:
+        qs = bench.load_questions(questions_path(set_name, upload))
+    except bench.BenchError as e:
+        return [], str(e)
+    cats = list(dict.fromkeys(q.category for q in qs))
+    return cats, f"{len(qs)} questions in {len(cats)} categories"
+
+
+def tables(records: list[dict]) -> tuple[list[dict], list[str], list[list], list[list]]:
+    """``(summary rows, leaderboard header, leaderboard lines, detail lines)`` of the records.
+
+    Detail lines are ``[category, *bench.table_cells(row)]``: the cells the CLI prints.
+    """
+    rows = bench.summarize(records)
+    header, lines = bench.leaderboard(rows)
+    return rows, header, lines, [[r["category"], *bench.table_cells(r)] for r in rows]
+
+
+def load_leaderboard(path: Path = LEADERBOARD_CSV) -> tuple[list[str], list[list[str]]]:
+    """The published Spec-Bench leaderboard as ``(header, rows)``; empty when the file is missing."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            rows = list(csv.reader(f))
+    except OSError:
+        return [], []
+    return (rows[0], rows[1:]) if rows else ([], [])
+
+
+def progress_html(done: int, total: int, text: str) -> str:
+    """A progress bar with ``done / total`` runs and a note."""
+    pct = 100 * done / total if total else 0
+    return (f'<div id="bench-bar" style="display:flex;align-items:center;gap:10px">'
+            f'<progress max="{total}" value="{done}" style="width:260px;height:14px"></progress>'
+            f"<span>{done}/{total} runs ({pct:.0f}%) {html.escape(text)}</span></div>")
+
+
+def _write_files(records: list[dict], folder: Path) -> tuple[str, str]:
+    jsonl, csv_path = folder / "results.jsonl", folder / "results.csv"
+    jsonl.write_text(bench_io.to_jsonl(records), encoding="utf-8")
+    csv_path.write_text(bench_io.to_csv(records), encoding="utf-8")
+    return str(csv_path), str(jsonl)
+
+
+def _outputs(status: str, bar, records: list[dict], files=(None, None)) -> tuple:
+    """(status, progress, leaderboard, detail table, speedup figure, tau figure, csv, jsonl)."""
+    if not records:
+        return (status, bar, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+    rows, header, lines, detail = tables(records)
+    return (status, bar, gr.Dataframe(value=lines, headers=header), gr.Dataframe(value=detail, headers=DETAIL_HEADER),
+            charts.bench_speedup_figure(rows), charts.bench_tau_figure(rows), files[0], files[1])
+
+
+def knob_keys() -> list[tuple[str, Knob]]:
+    """``(method, knob)`` of each knob input of the tab, in order."""
+    return [(m, k) for m, info in METHODS.items() for k in info.knobs]
+
+
+def run_benchmark(engine, set_name, upload, categories, methods, limit, max_new_tokens, warmup,
+                  *knob_values, stream=None) -> Iterator[tuple]:
+    """The tab's Run handler: stream progress, the tables, the charts and the downloads.
+
+    Bad input (no file, unknown category, no method, a knob out of range, a method that cannot
+    run) yields one warning message and ends; it never raises.
+    """
+    stream = stream or worker.BENCH
+    records: list[dict] = []
+    warn = (lambda msg: (f'<span class="bench-warning">⚠ {html.escape(msg)}</span>', gr.skip(), *(gr.skip(),) * 6))
+    try:
+        try:
+            limit = int(LIMIT_KNOB.check(limit))
+            max_new = int(NEW_TOKENS_KNOB.check(max_new_tokens))
+            if not categories:
+                raise bench.BenchError("no category is ticked: choose at least one")
+            questions = bench.load_questions(questions_path(set_name, upload), list(categories), limit)
+            chosen = [m for m in METHODS if m in (methods or [])]
+            if not chosen:
+                raise bench.BenchError("no method is ticked: choose at least one (the baseline is added)")
+            names = [BASELINE] + [m for m in chosen if m != BASELINE]
+            values = dict(zip([(m, k.name) for m, k in knob_keys()], knob_values))
+            specs = [MethodSpec(m, {k.name: values[(m, k.name)] for k in METHODS[m].knobs}) for m in names]
+            for s in specs:
+                s.checked_params()
+                reason = engine.unavailable_reason(s.name)
+                if reason:
+                    raise bench.BenchError(f"{s.name} cannot run: {reason}")
+        except (bench.BenchError, ValueError) as e:
+            gr.Warning(str(e))
+            yield warn(str(e))
+            return
+        total = sum(len(q.turns) for q in questions) * len(specs)
+        folder = Path(tempfile.mkdtemp(prefix="bench-"))
+        t0 = time.perf_counter()
+        bar = progress_html(0, total, "warming up…" if warmup else "starting…")
+        yield (f"Running {', '.join(names)} on {len(questions)} questions…", bar, *(gr.skip(),) * 6)
+        settings = {"max_new_tokens": max_new, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0}
+        done = 0
+        qdicts = [{"question_id": q.question_id, "category": q.category, "turns": list(q.turns)} for q in questions]
+        for item in stream(worker.register(engine), qdicts, worker.spec_dicts(specs), settings, 1 if warmup else 0):
+            if item["type"] == "warning":
+                gr.Warning(item["message"])
+                yield warn(item["message"])
+                return
+            if item["type"] == "skip":
+                done += item["runs"]
+                yield (item["message"], progress_html(done, total, "skipped"), *(gr.skip(),) * 6)
+                continue
+            rec = item["record"]
+            records.append(rec)
+            done += 1
+            note = f"q {rec['question_id']} turn {rec['turn']} {rec['method']}: {rec['tokens_per_s']:.1f} tok/s"
+            yield _outputs(f"Running… {len(records)} records", progress_html(done, total, note), records,
+                           _write_files(records, folder))
+        yield _outputs(f"Done: {len(records)} records in {time.perf_counter() - t0:.0f} s (greedy, "
+                       f"max new tokens {max_new}).", progress_html(done, total, "done"), records,
+                       _write_files(records, folder) if records else (None, None))
+    except Exception as e:  # never let a benchmark take the server down
+        gr.Warning(f"Unexpected error: {type(e).__name__}: {e}")
+        yield warn(f"Unexpected error: {type(e).__name__}: {e}")
+
+
+def _knob_input(k, label: str, elem_id: str, interactive: bool):
+    """A slider for a numeric knob, a dropdown for a knob chosen by name (``ChoiceKnob``)."""
+    if not hasattr(k, "maximum"):
+        return gr.Dropdown(list(k.choices), value=k.default, label=label, info=k.info, elem_id=elem_id,
+                           allow_custom_value=getattr(k, "parse", None) is not None, interactive=interactive)
+    return gr.Slider(k.minimum, k.maximum, value=k.default, step=k.step, label=label, info=k.info,
+                     elem_id=elem_id, interactive=interactive)
+
+
+def build(engine) -> None:
+    """Lay the tab out: question set, categories, methods and knobs, limit and max new tokens,
+    Run (``#bench-run``) / Stop (``#bench-stop``), progress (``#bench-progress``), the leaderboard
+    (``#bench-table``), the detail table (``#bench-detail``), charts (``#bench-speedup``, ``#bench-tau``),
+    downloads (``#bench-csv``, ``#bench-jsonl``) and the published leaderboard (``#bench-reference``)."""
+    available = [m for m in METHODS if engine.unavailable_reason(m) is None]
+    gr.Markdown("Runs the benchmark of `python -m playground.bench` on this machine (greedy decoding; each method's "
+                "clock counts only its own steps). Speedup is total tokens over total seconds against "
+                "autoregressive on the same questions; tau is total tokens over total steps.")
+    cats0, note0 = category_choices(next(iter(SETS)), None)
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2):
+            qset = gr.Radio([*SETS, UPLOAD], value=next(iter(SETS)), label="Questions", elem_id="bench-set")
+            upload = gr.File(label="JSONL: Spec-Bench rows (question_id, category, turns) or HumanEval rows "
+                                   "(task_id, prompt)", file_types=[".jsonl", ".json"], type="filepath",
+                             elem_id="bench-upload")
+            cats = gr.CheckboxGroup(cats0, value=cats0, label="Categories", info=note0, elem_id="bench-categories")
+            methods = gr.CheckboxGroup([(METHODS[m].label, m) for m in available],
+                                       value=[m for m in (BASELINE, "prompt_lookup") if m in available],
+                                       label="Methods (autoregressive always runs: it is the baseline)",
+                                       elem_id="bench-methods")
+        with gr.Column(scale=2):
+            limit = gr.Slider(LIMIT_KNOB.minimum, LIMIT_KNOB.maximum, value=LIMIT_KNOB.default, step=1,
+                              label=LIMIT_KNOB.label, info=LIMIT_KNOB.info, elem_id="bench-limit")
+            max_new = gr.Slider(NEW_TOKENS_KNOB.minimum, NEW_TOKENS_KNOB.maximum, value=NEW_TOKENS_KNOB.default,
+                                step=1, label=NEW_TOKENS_KNOB.label, info=NEW_TOKENS_KNOB.info,
+                                elem_id="bench-max-new-tokens")
+            warmup = gr.Checkbox(True, label="Warm-up round first (untimed, as the CLI's --warmup 1)",
+                                 elem_id="bench-warmup")
+            knob_inputs = []
+            with gr.Accordion("Method settings", open=False):
+                for m, k in knob_keys():
+                    knob_inputs.append(_knob_input(k, f"{METHODS[m].label}: {k.label}", f"bench-{m}-{k.name}",
+                                                   m in available))
+            with gr.Row():
+                run_btn = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
+                stop_btn = gr.Button("Stop", variant="stop", elem_id="bench-stop")
+    status = gr.Markdown("", elem_id="bench-status")
+    bar = gr.HTML(progress_html(0, 0, "not started"), elem_id="bench-progress")
+    gr.Markdown("### Results on this machine")
+    table = gr.Dataframe(headers=["method", "overall speedup", "tau", "tokens/s", "lossless"], value=None,
+                         label="Leaderboard (speedup per category and overall, as Spec-Bench lays it out)",
+                         elem_id="bench-table", interactive=False, wrap=True)
+    with gr.Row():
+        speed_plot = gr.Plot(charts.empty_figure("Speedup over autoregressive, by category", "run a benchmark"),
+                             show_label=False, elem_id="bench-speedup")
+        tau_plot = gr.Plot(charts.empty_figure("Tau per method", "run a benchmark"), show_label=False,
+                           elem_id="bench-tau")
+    detail = gr.Dataframe(headers=DETAIL_HEADER, value=None, label="Per category (the CLI's table)",
+                          elem_id="bench-detail", interactive=False, wrap=True)
+    with gr.Row():
+        csv_file = gr.File(label="results.csv", elem_id="bench-csv", interactive=False)
+        jsonl_file = gr.File(label="results.jsonl (as the CLI writes)", elem_id="bench-jsonl", interactive=False)
+    header, rows = load_leaderboard()
+    with gr.Accordion("Published Spec-Bench leaderboard: measured elsewhere on other hardware", open=False,
+                      elem_id="bench-reference"):
+        gr.Markdown("**For reference only: measured elsewhere on other hardware** (RTX 3090 and A100 GPUs, "
+                    "Vicuna-7B/13B/33B-v1.3, fp16, greedy, batch 1, mean of 3 runs), not on this machine and not "
+                    "with this playground's models. Speedups per category over autoregressive; "
+                    "`mean_accepted_tokens` is tau. Source: Spec-Bench `Leaderboard.md` (Xia et al. 2024, "
+                    "github.com/hemingkx/Spec-Bench, Apache-2.0).")
+        gr.Dataframe(value=rows or None, headers=header or None, interactive=False, elem_id="bench-reference-table",
+                     wrap=True)
+
+    def refresh(set_name, up):
+        choices, note = category_choices(set_name, up)
+        return gr.CheckboxGroup(choices=choices, value=choices, info=note)
+
+    qset.change(refresh, [qset, upload], cats, api_visibility="private", queue=False)
+    upload.change(lambda up: (UPLOAD, refresh(UPLOAD, up)) if up else (gr.skip(), gr.skip()), upload, [qset, cats],
+                  api_visibility="private", queue=False)
+
+    def run(*values):
+        yield from run_benchmark(engine, *values)
+
+    event = run_btn.click(run, [qset, upload, cats, methods, limit, max_new, warmup, *knob_inputs],
+                          [status, bar, table, detail, speed_plot, tau_plot, csv_file, jsonl_file],
+                          api_name="benchmark", concurrency_id="engine")
+    stop_btn.click(lambda: "Stopped (after the run in progress). Downloads hold the records so far.", None, status,
+                   cancels=[event], api_visibility="private", queue=False)

@@ -1,0 +1,162 @@
+"""Insight views of the main tab: per-run charts, the draft-model panel's numbers, Lookahead's pass size.
+
+Everything here reads a finished run's plain data (``_RunView.summary()`` in :mod:`.app`) and the
+formulas of :mod:`playground.engine.theory`; it runs no model. The verify-cost table measured
+by the Theory tab is cached here, per engine, so the draft panel's suggested K uses it once it
+exists (the fallback table before).
+"""
+
+from __future__ import annotations
+
+import html
+
+import gradio as gr
+
+from playground.engine import theory
+from playground.engine.compare import METHODS
+from playground.engine.lookahead import LOOKAHEAD_PRESETS
+
+from . import charts
+
+VERIFY_COSTS: dict[str, dict] = {}
+"""Engine key -> measured ``VerifyCost.as_dict()`` (filled lazily by the Theory tab)."""
+
+CUSTOM = "custom"
+"""The Lookahead preset dropdown's value when the sliders match no preset."""
+
+
+def verify_cost_for(engine_key: str) -> theory.VerifyCost:
+    """The measured verify cost of this engine's target if measured, else the fallback table."""
+    d = VERIFY_COSTS.get(engine_key)
+    return theory.VerifyCost.from_dict(d) if d else theory.FALLBACK
+
+
+def _colors() -> dict[str, str]:
+    return {info.label: charts.METHOD_COLORS[i % len(charts.METHOD_COLORS)] for i, info in enumerate(METHODS.values())}
+
+
+# ----- per-run charts ------------------------------------------------------------------------
+def run_figures(summary: dict | None) -> tuple:
+    """The four per-run figures from a run summary: tokens per step over the run, its histogram,
+    acceptance by draft position, draft vs verify time."""
+    methods = (summary or {}).get("methods", {})
+    per_step = {d["label"]: d["tokens_per_step"] for d in methods.values()}
+    per_pos = {d["label"]: d["stats"].get("per_position_acceptance") or [] for d in methods.values()
+               if d["stats"].get("proposed")}
+    split = {d["label"]: (d["stats"].get("draft_s", 0.0), d["stats"].get("verify_s", 0.0))
+             for d in methods.values() if d["stats"]}
+    colors = _colors()
+    return (charts.tokens_per_step_figure(per_step, colors), charts.tokens_per_step_histogram(per_step, colors),
+            charts.per_position_figure(per_pos, colors), charts.time_split_figure(split))
+
+
+def build_run_charts() -> list:
+    """The per-run charts under the panels (``#steps-chart``, ``#steps-hist``, ``#position-chart``,
+    ``#split-chart``), filled at the end of each run."""
+    gr.Markdown("### Inside the last run\nFilled when a run ends: how many tokens each step produced, how "
+                "often each drafted position was accepted, and where the time went.")
+    empty = run_figures(None)
+    with gr.Row():
+        steps = gr.Plot(empty[0], show_label=False, elem_id="steps-chart")
+        hist = gr.Plot(empty[1], show_label=False, elem_id="steps-hist")
+    with gr.Row():
+        pos = gr.Plot(empty[2], show_label=False, elem_id="position-chart")
+        split = gr.Plot(empty[3], show_label=False, elem_id="split-chart")
+    return [steps, hist, pos, split]
+
+
+# ----- the draft-model panel -------------------------------------------------------------------
+def draft_panel_markdown(stats: dict | None, k: int | None, verify_cost: theory.VerifyCost) -> str:
+    """Markdown of the draft-model panel: acceptance, time split, measured c and the suggested K.
+
+    Args:
+        stats: the draft_model run's ``RunStats.as_dict()``; None before a run.
+        k: the K the run used.
+        verify_cost: relative cost of verifying n tokens (measured or the fallback table).
+    """
+    if not stats:
+        return "_Run the draft model to see its per-position acceptance, time split and a suggested K._"
+    alpha = stats.get("alpha")
+    draft_s, verify_s = stats.get("draft_s", 0.0), stats.get("verify_s", 0.0)
+    steps = max(0, stats.get("steps", 0) - 1)
+    total = draft_s + verify_s
+    lines = [f"**Time split** (decode steps): drafting {draft_s:.2f} s ({100 * draft_s / total:.0f}%), "
+             f"verifying {verify_s:.2f} s ({100 * verify_s / total:.0f}%)" if total > 0 else "**Time split:** –"]
+    c_step = theory.draft_cost_ratio(draft_s, stats.get("proposed", 0), verify_s, steps)
+    if alpha is None or c_step is None or k is None:
+        return "\n\n".join(lines + ["_Nothing was drafted: no suggestion._"])
+    # c_step is per verification pass (K + 1 tokens); the formula's c is per single-token forward.
+    c = c_step * verify_cost(k + 1)
+    sug = theory.suggest_k(alpha, c, verify_cost)
+    now = theory.expected_speedup(alpha, k, c, verify_cost)
+    lines.append(f"**Measured:** α = {alpha:.2f}; c = (draft seconds per drafted token) / (verify seconds per "
+                 f"step) = {c_step:.3f}, i.e. {c:.3f} of a single-token target forward "
+                 f"(× verify cost of {k + 1} tokens = {verify_cost(k + 1):.2f}).")
+    verdict = "" if sug.pays_off else " — even the best K is expected to be slower than plain decoding here"
+    lines.append(f"**Suggested K = {sug.k}** (expected {sug.speedup:.2f}×, τ {sug.tokens_per_step:.2f}); "
+                 f"K = {k} as run: expected {now:.2f}×{verdict}. Verify cost: {html.escape(verify_cost.source)}.")
+    return "\n\n".join(lines)
+
+
+def build_draft_panel() -> list:
+    """The draft-model panel's insight: a Markdown (``#draft-insight``) and a per-position chart."""
+    with gr.Accordion("Acceptance, time split and suggested K", open=True, elem_id="draft-insight-box"):
+        md = gr.Markdown(draft_panel_markdown(None, None, theory.FALLBACK), elem_id="draft-insight")
+        plot = gr.Plot(charts.per_position_figure({}), show_label=False, elem_id="draft-position-chart")
+    return [md, plot]
+
+
+def after_run(summary: dict | None, engine_key: str) -> tuple:
+    """Outputs after a run: the four per-run figures, the draft panel's Markdown and chart."""
+    figs = run_figures(summary)
+    d = (summary or {}).get("methods", {}).get("draft_model")
+    if d is None:
+        return (*figs, gr.skip(), gr.skip())
+    md = draft_panel_markdown(d["stats"], (d.get("params") or {}).get("k"), verify_cost_for(engine_key))
+    pos = charts.per_position_figure({d["label"]: d["stats"].get("per_position_acceptance") or []})
+    return (*figs, md, pos)
+
+
+# ----- Lookahead's settings -------------------------------------------------------------------
+def lookahead_pass_markdown(window, ngram_size, guess_set_size) -> str:
+    """``Tokens per forward pass: 1 + W(N-1) + G(N-1) = n`` for the sliders' values."""
+    try:
+        n = theory.lookahead_tokens_per_pass(int(window), int(ngram_size), int(guess_set_size))
+    except (TypeError, ValueError) as e:
+        return f"Tokens per forward pass: – ({e})"
+    return (f"**Tokens per forward pass:** 1 + W·(N−1) + G·(N−1) = 1 + {int(window)}·{int(ngram_size) - 1} + "
+            f"{int(guess_set_size)}·{int(ngram_size) - 1} = **{n}** (the target scores all of them in one pass)")
+
+
+def preset_of(window, ngram_size, guess_set_size) -> str:
+    """The name of the LOOKAHEAD_PRESETS entry equal to these values, else :data:`CUSTOM`."""
+    now = {"window": window, "ngram_size": ngram_size, "guess_set_size": guess_set_size}
+    return next((name for name, p in LOOKAHEAD_PRESETS.items() if all(p[k] == now[k] for k in p)), CUSTOM)
+
+
+def lookahead_controls(knobs: dict) -> None:
+    """Add a preset dropdown (``#lookahead-preset``) and the tokens-per-pass line (``#lookahead-pass``)
+    next to the W/N/G sliders, and wire them.
+
+    Args:
+        knobs: knob name (``window``, ``ngram_size``, ``guess_set_size``) -> its slider.
+    """
+    w, n, g = knobs["window"], knobs["ngram_size"], knobs["guess_set_size"]
+    labels = {"cpu": "CPU (small)", "7b": "7B on a GPU (paper)", "13b": "13B on a GPU (paper)",
+              "33b": "33B on a GPU (paper)"}
+    choices = [(f"{labels.get(k, k)}: W {p['window']}, N {p['ngram_size']}, G {p['guess_set_size']}", k)
+               for k, p in LOOKAHEAD_PRESETS.items()] + [("custom", CUSTOM)]
+    preset = gr.Dropdown(choices, value=preset_of(w.value, n.value, g.value), label="Lookahead preset",
+                         info="Sets W, N and G.", elem_id="lookahead-preset", interactive=w.interactive)
+    line = gr.Markdown(lookahead_pass_markdown(w.value, n.value, g.value), elem_id="lookahead-pass")
+
+    def apply(name):
+        p = LOOKAHEAD_PRESETS.get(name)
+        if p is None:
+            return gr.skip(), gr.skip(), gr.skip()
+        return p["window"], p["ngram_size"], p["guess_set_size"]
+
+    preset.input(apply, preset, [w, n, g], api_visibility="private", queue=False)
+    for s in (w, n, g):
+        s.change(lambda a, b, c: (lookahead_pass_markdown(a, b, c), preset_of(a, b, c)), [w, n, g], [line, preset],
+                 api_visibility="private", queue=False)

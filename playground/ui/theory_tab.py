@@ -1,0 +1,134 @@
+"""The Theory tab: expected speedup against acceptance rate, for several K and draft costs c.
+
+Formulas from :mod:`playground.engine.theory` (Leviathan et al. 2023): expected tokens per step
+(1 - alpha^(K+1)) / (1 - alpha), step cost K*c + verify_cost(K+1), speedup = their ratio.
+The verify cost is measured on this device with the loaded target the first time the tab opens
+(cached per engine in :data:`insight.VERIFY_COSTS`); until then, or on request, the fallback
+table or the paper's constant 1 is used. The last run's measured (alpha, speedup) points are
+overlaid.
+"""
+
+from __future__ import annotations
+
+import html
+
+import gradio as gr
+
+from playground.engine import theory
+from playground.engine.limits import MAX_SPECULATIVE_TOKENS
+
+from . import charts, insight, worker
+
+K_CHOICES = [1, 2, 3, 4, 6, 8, 12, 16]
+C_CHOICES = [0.0, 0.02, 0.05, 0.1, 0.2, 0.5]
+MEASURED, FALLBACK, CONSTANT = "measured on this device", "fallback table", "constant 1 (paper's assumption)"
+MEASURE_SIZES = sorted({*theory.DEFAULT_MEASURE_SIZES, MAX_SPECULATIVE_TOKENS + 1})
+"""Tokens per forward timed on this device: K + 1 for K = 1, 2, 4, 8, 16."""
+ALPHAS = [i / 100 for i in range(0, 101)]
+
+
+def _cost(mode: str, engine_key: str) -> theory.VerifyCost:
+    if mode == CONSTANT:
+        return theory.CONSTANT_VERIFY_COST
+    if mode == MEASURED:
+        return insight.verify_cost_for(engine_key)
+    return theory.FALLBACK
+
+
+def measured_points(summary: dict | None) -> list[dict]:
+    """(alpha, speedup) of each drafting method of the last run, when a baseline ran too."""
+    if not summary or not summary.get("baseline_tokens_per_s"):
+        return []
+    base = summary["baseline_tokens_per_s"]
+    points = []
+    for m, d in summary.get("methods", {}).items():
+        st = d.get("stats") or {}
+        if st.get("alpha") is None or not st.get("tokens_per_s"):
+            continue
+        k = (d.get("params") or {}).get("k")
+        label = d["label"] + (f" (K={k})" if k else "")
+        speedup = st["tokens_per_s"] / base
+        points.append({"label": f"measured: {label}", "alpha": round(st["alpha"], 4), "speedup": round(speedup, 4),
+                       "text": f"{label}: α {st['alpha']:.2f}, {speedup:.2f}×"})
+    return points
+
+
+def render(alpha, c, ks, cs, mode, summary, engine_key: str) -> tuple:
+    """The figure and the Markdown summary for the controls' values.
+
+    Returns:
+        ``(figure, markdown)``; bad values give an empty figure and a message (never raise).
+    """
+    try:
+        cost = _cost(mode, engine_key)
+        ks = sorted(int(k) for k in (ks or []))
+        cs = sorted(float(x) for x in (cs or []))
+        curves = {}
+        for k in ks:
+            for cc in cs:
+                curves[f"K={k}, c={cc:g}"] = (ALPHAS, [theory.expected_speedup(a, k, cc, cost) for a in ALPHAS])
+        fig = charts.theory_figure(curves, measured_points(summary),
+                                   title=f"Expected speedup vs alpha (verify cost: {mode})")
+        best_k, best = theory.optimal_k(alpha, c, cost)
+        tau = theory.expected_tokens_per_step(alpha, best_k)
+        rows = " | ".join(f"{n}: {cost(n):.2f}" for n in (1, 2, 3, 5, 9, 17))
+        verdict = "" if best > 1 else " **Speculation does not pay here: plain decoding is faster.**"
+        md = (f"### Optimal K for α = {alpha:.2f}, c = {c:g}: **K = {best_k}** "
+              f"(expected {best:.2f}×, τ = {tau:.2f}).{verdict}\n\n"
+              f"Expected tokens per step (1 − α^(K+1)) / (1 − α); cost K·c + verify_cost(K+1) in single-token "
+              f"target forwards (Leviathan et al. 2023).\n\n"
+              f"**Verify cost** (tokens per forward: relative cost) {rows}  \n_{html.escape(cost.source)}_")
+        if not curves:
+            md = "Tick at least one K and one c to draw curves.\n\n" + md
+        return fig, md
+    except (TypeError, ValueError) as e:
+        return charts.empty_figure("Expected speedup vs alpha", str(e)), f"**Cannot compute:** {html.escape(str(e))}"
+
+
+def measure_then_render(alpha, c, ks, cs, mode, summary, engine_key: str, force: bool = False):
+    """Measure the verify cost once (or again when ``force``), then render; yields (figure, markdown)."""
+    if mode == MEASURED and (force or engine_key not in insight.VERIFY_COSTS):
+        yield gr.skip(), "_Measuring the cost of verifying 1–17 tokens on this device (a few seconds)…_"
+        try:
+            insight.VERIFY_COSTS[engine_key] = worker.MEASURE(engine_key, MEASURE_SIZES)
+        except Exception as e:  # noqa: BLE001 - shown on the page; the fallback table stays in use
+            fig, md = render(alpha, c, ks, cs, FALLBACK, summary, engine_key)
+            yield fig, f"**Could not measure:** {html.escape(f'{type(e).__name__}: {e}')}; showing the fallback.\n\n{md}"
+            return
+    yield render(alpha, c, ks, cs, mode, summary, engine_key)
+
+
+def build(engine, last_run: gr.State, tab: gr.Tab) -> None:
+    """Lay out the tab (``#theory-chart``, ``#theory-summary``); measuring starts when ``tab`` is first selected."""
+    key = worker.register(engine)
+    gr.Markdown("Speculative decoding's expected speedup (Leviathan et al. 2023) against the acceptance rate "
+                "alpha, for several K (tokens drafted per step) and draft costs c (one drafted token's cost as a "
+                "fraction of one target forward). The verification cost of K + 1 tokens is measured on this device; "
+                "on a GPU it stays near one forward, on a CPU it grows with K. Diamonds: the last run's methods.")
+    with gr.Row():
+        with gr.Column(scale=1, min_width=280):
+            alpha = gr.Slider(0.0, 1.0, value=0.7, step=0.01, label="Acceptance rate α (for the optimal K)",
+                              elem_id="theory-alpha")
+            c = gr.Slider(0.0, 1.0, value=0.05, step=0.01, label="Draft cost c (for the optimal K)",
+                          elem_id="theory-c")
+            ks = gr.CheckboxGroup(K_CHOICES, value=[2, 4, 8], label="K curves", elem_id="theory-ks")
+            cs = gr.CheckboxGroup(C_CHOICES, value=[0.05], label="c curves", elem_id="theory-cs")
+            mode = gr.Radio([MEASURED, FALLBACK, CONSTANT], value=MEASURED, label="Verification cost",
+                            elem_id="theory-mode")
+            again = gr.Button("Measure again", size="sm", elem_id="theory-measure")
+        with gr.Column(scale=3):
+            fig0, md0 = render(0.7, 0.05, [2, 4, 8], [0.05], FALLBACK, None, key)
+            plot = gr.Plot(fig0, show_label=False, elem_id="theory-chart")
+            summary = gr.Markdown(md0, elem_id="theory-summary")
+    inputs = [alpha, c, ks, cs, mode, last_run]
+
+    def update(*v):
+        yield from measure_then_render(*v, engine_key=key)
+
+    def remeasure(*v):
+        yield from measure_then_render(*v, engine_key=key, force=True)
+
+    tab.select(update, inputs, [plot, summary], api_visibility="private", concurrency_id="engine")
+    for comp in (alpha, c, ks, cs, mode, last_run):
+        comp.change(update, inputs, [plot, summary], api_visibility="private", concurrency_id="engine")
+    again.click(remeasure, inputs, [plot, summary], api_visibility="private", concurrency_id="engine")

@@ -1,0 +1,233 @@
+"""The model-running side of the page, as plain data in and plain data out (ZeroGPU-ready).
+
+Hugging Face's ZeroGPU runs a ``@spaces.GPU`` function in a forked process: its arguments and
+every value it yields are pickled across a pipe. So the functions here take only plain data
+(an engine *key*, strings, lists of dicts, a settings dict) and yield only plain dicts; the
+engine itself is looked up in :data:`ENGINES`, a module-level registry that a forked child
+inherits. The page (:mod:`playground.ui.app`, the tabs) turns these dicts into HTML and figures
+in the main process.
+
+:func:`decorate` applies ``spaces.GPU(duration=...)`` when the ``spaces`` package is importable
+(on a Space) and returns the function unchanged otherwise. :data:`RUN`, :data:`BENCH` and
+:data:`MEASURE` are the decorated entry points the page calls.
+
+This module imports no gradio or plotly.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Callable, Iterator
+
+from playground.engine.compare import BASELINE, METHODS, Engine, MethodSpec
+from playground.engine.decoding import GenerationSettings
+from playground.engine.sampling import SamplingConfig
+
+ENGINES: dict[str, Engine] = {}
+"""Engine key -> engine (registered by the page; inherited by ZeroGPU's forked child)."""
+
+GPU_BASE_S = 20
+"""Seconds of ZeroGPU time asked for on top of the per-token estimate (moving weights, prefill)."""
+GPU_S_PER_TOKEN = 0.06
+"""Seconds of ZeroGPU time per new token per method (a 7B model at batch 1 does ~30 tokens/s)."""
+GPU_MAX_S = 300
+"""Most ZeroGPU seconds one call asks for (longer runs are cut by the platform)."""
+
+
+def on_spaces() -> bool:
+    """Whether this process runs on Hugging Face Spaces (``SPACE_ID`` is set there)."""
+    return bool(os.environ.get("SPACE_ID"))
+
+
+# ----- engine registry --------------------------------------------------------------------
+def register(engine: Engine) -> str:
+    """Register ``engine`` and return its key (the same key for the same engine)."""
+    key = f"engine-{id(engine)}"
+    ENGINES[key] = engine
+    return key
+
+
+def engine_for(key: str) -> Engine:
+    """The engine registered under ``key``.
+
+    Raises:
+        KeyError: no engine has that key.
+    """
+    try:
+        return ENGINES[key]
+    except KeyError:
+        raise KeyError(f"no engine registered as {key!r}") from None
+
+
+# ----- plain data <-> engine types ------------------------------------------------------------
+def spec_dicts(specs: list[MethodSpec]) -> list[dict]:
+    """``[{"name": str, "params": dict}, ...]`` for method specs."""
+    return [{"name": s.name, "params": dict(s.params)} for s in specs]
+
+
+def settings_dict(settings: GenerationSettings) -> dict:
+    """Generation settings as a plain dict (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``)."""
+    s = settings.sampling
+    return {"max_new_tokens": settings.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
+            "top_k": s.top_k, "seed": s.seed}
+
+
+def _specs(specs: list[dict]) -> list[MethodSpec]:
+    return [MethodSpec(d["name"], dict(d.get("params") or {})) for d in specs]
+
+
+def _settings(d: dict) -> GenerationSettings:
+    return GenerationSettings(d["max_new_tokens"], SamplingConfig(d.get("temperature", 0.0), d.get("top_p", 1.0),
+                                                                  d.get("top_k", 0), d.get("seed", 0)))
+
+
+def event_dict(event) -> dict:
+    """A :class:`StepEvent` as plain data: its fields, ``stats`` as ``RunStats.as_dict()``, and the
+    step's timeline point ``(elapsed_s, new_tokens)``."""
+    return {"type": "event", "method": event.method, "step": event.step, "tokens": list(event.tokens),
+            "sources": list(event.sources), "pieces": [tuple(p) for p in event.pieces],
+            "proposed": event.proposed, "accepted": event.accepted, "seconds": event.seconds,
+            "margins": list(event.margins), "stats": event.stats.as_dict(),
+            "point": (event.stats.elapsed_s, event.stats.new_tokens),
+            "finished": event.finished, "finish_reason": event.finish_reason}
+
+
+# ----- the functions a GPU runs -----------------------------------------------------------------
+def stream_run(engine_key: str, prompt: str, specs: list[dict], settings: dict) -> Iterator[dict]:
+    """Run methods side by side on one prompt; yield plain dicts.
+
+    Args:
+        engine_key: see :func:`register`.
+        prompt: the user message.
+        specs: ``[{"name", "params"}, ...]`` (see :func:`spec_dicts`).
+        settings: see :func:`settings_dict`.
+
+    Yields:
+        ``{"type": "start", "prompt_tokens": int}``, then one :func:`event_dict` per step
+        (round-robin over methods); after bad input (empty prompt, unavailable method, too long)
+        a single ``{"type": "warning", "message": str}`` instead. Closing the generator cancels
+        the run after its current step.
+    """
+    engine = engine_for(engine_key)
+    cancel = threading.Event()
+    events = None
+    try:
+        try:
+            prompt_ids = engine.encode_prompt(prompt)
+            events = engine.run(prompt_ids, _specs(specs), _settings(settings), cancel=cancel)
+            first = next(events, None)
+        except ValueError as e:
+            yield {"type": "warning", "message": str(e)}
+            return
+        yield {"type": "start", "prompt_tokens": len(prompt_ids)}
+        event = first
+        while event is not None:
+            yield event_dict(event)
+            event = next(events, None)
+    finally:
+        cancel.set()
+        if events is not None:
+            events.close()
+
+
+def stream_bench(engine_key: str, questions: list[dict], specs: list[dict], settings: dict,
+                 warmup: int = 1) -> Iterator[dict]:
+    """Run the benchmark loop of ``python -m playground.bench``; yield plain dicts.
+
+    Args:
+        engine_key: see :func:`register`.
+        questions: ``[{"question_id", "category", "turns": [str, ...]}, ...]``.
+        specs: methods (the baseline first; see ``bench.parse_methods``).
+        settings: see :func:`settings_dict`.
+        warmup: untimed warm-up rounds of every method (as the CLI's ``--warmup``).
+
+    Yields:
+        ``{"type": "record", "record": dict}`` per run (the CLI's record, same fields),
+        ``{"type": "skip", "message": str, "runs": int}`` for skipped turns, or one
+        ``{"type": "warning", "message": str}`` on bad input. Closing the generator stops after
+        the current run.
+    """
+    import torch
+
+    from playground import bench
+
+    engine = engine_for(engine_key)
+    try:
+        method_specs = _specs(specs)
+        gen = _settings(settings)
+        qs = [bench.Question(q["question_id"], q["category"], tuple(q["turns"])) for q in questions]
+        for s in method_specs:
+            s.checked_params()
+            reason = engine.unavailable_reason(s.name)
+            if reason:
+                raise ValueError(f"{s.name} cannot run: {reason}")
+        bench.warm_up(engine, method_specs, gen, warmup)
+    except ValueError as e:
+        yield {"type": "warning", "message": str(e)}
+        return
+    target = engine.target
+    extra = {"temperature": gen.sampling.temperature, "dtype": str(target.dtype).removeprefix("torch."),
+             "target": target.name}
+    with torch.inference_mode():
+        runners = [bench.engine_runner(engine, s, gen) for s in method_specs]
+        for kind, item, runs in bench.iter_benchmark(engine, qs, runners, gen.max_new_tokens, extra):
+            if kind == "skip":
+                yield {"type": "skip", "message": item, "runs": runs}
+            else:
+                yield {"type": "record", "record": item}
+
+
+def measure(engine_key: str, sizes: list[int]) -> dict:
+    """Measure the target's verify cost on this device (see ``theory.measure_verify_cost``).
+
+    Returns:
+        ``VerifyCost.as_dict()``: ``{"table": {n: relative cost}, "seconds": {n: s}, "source": str}``.
+    """
+    from playground.engine.theory import measure_verify_cost
+
+    engine = engine_for(engine_key)
+    with engine.lock:
+        target = engine.target
+        cost = measure_verify_cost(engine.target_lm, sizes)
+    return {**cost.as_dict(), "source": cost.source.replace(type(engine.target_lm.model).__name__, target.name)}
+
+
+# ----- ZeroGPU ----------------------------------------------------------------------------------
+def run_duration(engine_key: str, prompt: str, specs: list[dict], settings: dict) -> int:
+    """ZeroGPU seconds to ask for a side-by-side run: every method generates ``max_new_tokens``."""
+    return int(min(GPU_MAX_S, GPU_BASE_S + GPU_S_PER_TOKEN * settings["max_new_tokens"] * max(1, len(specs))))
+
+
+def bench_duration(engine_key: str, questions: list[dict], specs: list[dict], settings: dict, warmup: int = 1) -> int:
+    """ZeroGPU seconds to ask for a benchmark (capped at :data:`GPU_MAX_S`: keep the page's limit small)."""
+    turns = sum(len(q["turns"]) for q in questions)
+    return int(min(GPU_MAX_S, GPU_BASE_S + GPU_S_PER_TOKEN * settings["max_new_tokens"] * max(1, len(specs))
+                   * max(1, turns)))
+
+
+def decorate(fn: Callable, duration, spaces_module=None) -> Callable:
+    """``spaces.GPU(duration=duration)(fn)`` when ``spaces`` is importable (or given), else ``fn``.
+
+    Args:
+        fn: a module-level function taking and returning (or yielding) plain data.
+        duration: seconds, or a function of ``fn``'s arguments giving seconds (ZeroGPU's dynamic duration).
+        spaces_module: use this module instead of importing ``spaces`` (tests pass a stand-in).
+    """
+    if spaces_module is None:
+        try:
+            import spaces as spaces_module  # noqa: PLC0415 - optional, present on Hugging Face Spaces
+        except ImportError:
+            return fn
+    return spaces_module.GPU(duration=duration)(fn)
+
+
+RUN = decorate(stream_run, run_duration)
+""":func:`stream_run`, on a ZeroGPU slice when ``spaces`` is installed."""
+BENCH = decorate(stream_bench, bench_duration)
+""":func:`stream_bench`, on a ZeroGPU slice when ``spaces`` is installed."""
+MEASURE = decorate(measure, 60)
+""":func:`measure`, on a ZeroGPU slice when ``spaces`` is installed."""
+
+__all__ = ["BASELINE", "METHODS", "ENGINES", "RUN", "BENCH", "MEASURE", "register", "engine_for", "spec_dicts",
+           "settings_dict", "event_dict", "stream_run", "stream_bench", "measure", "decorate", "on_spaces"]
