@@ -31,7 +31,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="weights' precision; auto = bfloat16 on CUDA and on CPUs with native bf16, else float32")
-    p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+    p.add_argument("--preset", default=None, metavar="NAME",
+                   help="model preset (target with its draft / Medusa heads): default, smollm2-1.7b, qwen2.5-7b, "
+                        "vicuna-7b-medusa, llama-2-70b; --target/--draft/--medusa given explicitly win")
+    on_spaces = bool(os.environ.get("SPACE_ID"))  # Hugging Face Spaces: serve on every interface
+    p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0" if on_spaces else "127.0.0.1"),
                    help="address to listen on (0.0.0.0 for every interface)")
     env_port = os.environ.get("GRADIO_SERVER_PORT", "7860")
     p.add_argument("--port", type=int, default=int(env_port) if env_port.isdigit() else 7860,
@@ -39,10 +43,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=argparse.SUPPRESS,
                    help="CPU threads for torch (default: torch's own choice)")
     args = p.parse_args(argv)
+    if args.preset is not None:
+        _apply_preset(p, args, argv)
     args.threads = getattr(args, "threads", None)
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads must be at least 1, got {args.threads}")
     return args
+
+
+def _apply_preset(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None) -> None:
+    """Fill --target, --draft (and --medusa where this app has it) from ``--preset`` unless given."""
+    from playground.presets import get_preset
+
+    try:
+        preset = get_preset(args.preset)
+    except ValueError as e:
+        p.error(str(e))
+    given = set(sys.argv[1:] if argv is None else argv)
+    def was_given(flag: str) -> bool:
+        return any(a == flag or a.startswith(flag + "=") for a in given)
+    if not was_given("--target"):
+        args.target = preset.target
+    if not was_given("--draft") and preset.draft:
+        args.draft = preset.draft
+    if preset.medusa and hasattr(args, "medusa") and not was_given("--medusa"):
+        args.medusa = preset.medusa
 
 
 def _progress(role: str):
