@@ -20,7 +20,7 @@ from .limits import MAX_NEW_TOKENS_KNOB
 from .sampling import SamplingConfig, logits_to_probs
 from .target import CausalLM
 from .tree import Candidates, pass_attention
-from .verify import Verdict, verify_greedy, verify_sampling
+from .verify import Verdict, verify_greedy, verify_sampling, verify_typical
 
 
 @dataclass(frozen=True)
@@ -120,8 +120,15 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
                          stats.snapshot(), finished=reason is not None, finish_reason=reason)
 
     # Prefill: one pass over the prompt gives the first new token (time to first token).
+    # Drafters with needs_hidden (Medusa) also get the target's last hidden state at the root's parent.
+    needs_hidden = drafter.needs_hidden
+    hidden = None
     t0 = target.clock()
-    logits = target.forward(cache, torch.tensor(prompt_ids, dtype=torch.long))[-1:]
+    if needs_hidden:
+        logits, hidden_rows = target.forward(cache, torch.tensor(prompt_ids, dtype=torch.long), return_hidden=True)
+        logits, hidden = logits[-1:], hidden_rows[-1]
+    else:
+        logits = target.forward(cache, torch.tensor(prompt_ids, dtype=torch.long))[-1:]
     first = pick(logits[0])
     event = emit([first], [SOURCE_TARGET], _margins(logits), 0, 0, 0, target.clock() - t0, 0.0, 0)
     yield event
@@ -136,7 +143,8 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         budget = settings.max_new_tokens - stats.new_tokens - 1
         if context_length is not None:
             budget = min(budget, context_length - len(tokens))
-        state = DecodeState(tokens, prompt_len, sampling, generator, max(budget, 0), target.device, target.vocab_size)
+        state = DecodeState(tokens, prompt_len, sampling, generator, max(budget, 0), target.device, target.vocab_size,
+                            hidden)
         cand = drafter.propose(state)
         if len(cand) and max(cand.depths()) > state.budget:
             raise RuntimeError(f"{type(drafter).__name__} proposed a tree deeper than the budget {state.budget}")
@@ -144,16 +152,23 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         # 2. Verify: the root plus every candidate in one target forward pass.
         past_len = len(tokens) - 1
         inputs = torch.cat([torch.tensor(tokens[-1:], dtype=torch.long), cand.tokens.cpu()])
-        extra_logits = None
+        extra_logits = hidden_rows = None
         if cand.extras is None:
-            logits = target.forward(cache, inputs, cand.parents if len(cand) else None)
+            out = target.forward(cache, inputs, cand.parents if len(cand) else None, return_hidden=needs_hidden)
         else:
             # The drafter's extra queries (e.g. Lookahead's Jacobi window) ride in the same pass.
             allowed, offsets = pass_attention(cand)
-            all_logits = target.forward_masked(cache, torch.cat([inputs, cand.extras.tokens.cpu()]), allowed, offsets)
-            logits, extra_logits = all_logits[:len(cand) + 1], all_logits[len(cand) + 1:]
-        if sampling.greedy:
-            verdict: Verdict = verify_greedy(cand, logits)
+            out = target.forward_masked(cache, torch.cat([inputs, cand.extras.tokens.cpu()]), allowed, offsets,
+                                        return_hidden=needs_hidden)
+        all_logits, hidden_rows = out if needs_hidden else (out, None)
+        logits = all_logits[:len(cand) + 1]
+        if cand.extras is not None:
+            extra_logits = all_logits[len(cand) + 1:]
+        if drafter.typical is not None:  # the drafter asked for typical acceptance (Medusa)
+            probs = torch.softmax(logits, -1) if sampling.greedy else logits_to_probs(logits, sampling)
+            verdict: Verdict = verify_typical(cand, probs, drafter.typical, generator)
+        elif sampling.greedy:
+            verdict = verify_greedy(cand, logits)
         else:
             verdict = verify_sampling(cand, logits_to_probs(logits, sampling), generator)
         # 3. Commit: keep the root and the accepted path in the KV cache, drop the rest.
@@ -161,7 +176,8 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         CausalLM.keep(cache, past_len, rows)
         new = [int(cand.tokens[c]) for c in verdict.path] + [verdict.bonus_token]
         sources = [cand.sources[c] for c in verdict.path] + [SOURCE_TARGET]
-        drafter.update(StepResult(cand, verdict.path, verdict.bonus_token, tokens + new, extra_logits))
+        hidden = hidden_rows[rows[-1]] if needs_hidden else None
+        drafter.update(StepResult(cand, verdict.path, verdict.bonus_token, tokens + new, extra_logits, hidden))
         seconds = target.clock() - t0
         depth = max(cand.depths()) if len(cand) else 0
         event = emit(new, sources, _margins(logits[rows]), step, len(cand), len(verdict.path), seconds,

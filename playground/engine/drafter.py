@@ -31,6 +31,9 @@ class DecodeState:
             (tokens left before max new tokens or the context end, minus the bonus token).
         device: the target's device.
         vocab_size: the target's vocabulary size (the width of ``draft_probs`` rows).
+        hidden: ``(hidden_size,)`` the target's last hidden state at the root's parent (the
+            position whose output predicted the root), in the model's dtype; filled only for
+            drafters with ``needs_hidden`` (Medusa heads read it), else None.
     """
 
     tokens: list[int]
@@ -40,6 +43,7 @@ class DecodeState:
     budget: int
     device: torch.device
     vocab_size: int
+    hidden: torch.Tensor | None = None
 
 
 @dataclass
@@ -54,6 +58,8 @@ class StepResult:
             the bonus token as the new root).
         extra_logits: ``(m, vocab_size)`` float32 logits of ``candidates.extras`` (None
             when the proposal had no extra queries).
+        hidden: ``(hidden_size,)`` the target's last hidden state at the last accepted node
+            (the bonus token's parent); only for drafters with ``needs_hidden``.
     """
 
     candidates: Candidates
@@ -61,6 +67,7 @@ class StepResult:
     bonus_token: int
     tokens: list[int] = field(default_factory=list)
     extra_logits: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
 
 
 class Drafter:
@@ -70,11 +77,17 @@ class Drafter:
         name: method name used by the API, the benchmark and the UI.
         source: tag of the tokens it contributes (the UI colours tokens by it).
         lossless: whether greedy output must equal the baseline's token for token.
+        needs_hidden: the loop passes the target's last hidden state (``DecodeState.hidden``,
+            ``StepResult.hidden``); it costs nothing extra in the pass (Medusa heads read it).
+        typical: a :class:`~playground.engine.verify.TypicalAcceptance` to verify this drafter's
+            candidates with typical acceptance instead of the exact rule; None = exact.
     """
 
     name = "drafter"
     source = "draft"
     lossless = True
+    needs_hidden = False
+    typical = None
 
     def begin(self, prompt_ids: list[int]) -> None:
         """Forget any previous sequence; a new run starts with ``prompt_ids``."""

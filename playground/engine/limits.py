@@ -34,6 +34,16 @@ MAX_NEW_TOKENS = 2048
 MAX_TEMPERATURE = 2.0
 MAX_TOP_K = 1000
 
+MEDUSA_TOP_K = 10
+"""Candidates each Medusa head offers per step (its top-k tokens): every index in a tree path
+must be below this (the reference implementation's TOPK)."""
+
+MAX_MEDUSA_TREE_NODES = 64
+"""Largest Medusa candidate tree (nodes, root excluded); the reference's biggest tree has 63."""
+
+MAX_MEDUSA_HEADS = 16
+"""Most Medusa heads a checkpoint may hold (published ones have 3 to 5)."""
+
 
 @dataclass(frozen=True)
 class Knob:
@@ -85,6 +95,42 @@ class Knob:
         return value
 
 
+@dataclass(frozen=True)
+class ChoiceKnob:
+    """One setting chosen by name from a few options (a dropdown in the UI).
+
+    Attributes:
+        name, label, info: as for :class:`Knob`.
+        choices: the named options; default: one of them.
+        parse: when given, values that are not a named option are passed to it and its result
+            is the checked value (it raises ``ValueError`` with the reason); e.g. a custom
+            Medusa tree given as JSON. None: only the named options are allowed.
+        custom_label: what a custom value is, for messages and the UI (``"a JSON list of paths"``).
+    """
+
+    name: str
+    label: str
+    choices: tuple[str, ...]
+    default: str
+    info: str = ""
+    parse: object = None  # Callable[[Any], Any] | None (a plain field keeps the dataclass hashable)
+    custom_label: str = ""
+
+    def check(self, value):
+        """Return a named option as is, else ``parse(value)``.
+
+        Raises:
+            ValueError: ``"<name> must be one of a, b, c, got <value>"`` (naming the custom form
+                when one is allowed), or the parser's own message.
+        """
+        if isinstance(value, str) and value.strip() in self.choices:
+            return value.strip()
+        if self.parse is None or value is None or (isinstance(value, str) and not value.strip()):
+            extra = f" or {self.custom_label}" if self.parse is not None else ""
+            raise ValueError(f"{self.name} must be one of {', '.join(self.choices)}{extra}, got {value!r}")
+        return self.parse(value)
+
+
 # Generation settings -------------------------------------------------------
 MAX_NEW_TOKENS_KNOB = Knob("max_new_tokens", "Max new tokens", 1, MAX_NEW_TOKENS, 128,
                            info="Generation stops after this many new tokens (or at EOS).")
@@ -110,5 +156,20 @@ LOOKAHEAD_NGRAM_KNOB = Knob("ngram_size", "N-gram size N", 2, MAX_LOOKAHEAD_NGRA
 LOOKAHEAD_GUESS_KNOB = Knob("guess_set_size", "Guess set size G", 1, MAX_LOOKAHEAD_GUESS_SET, 5,
                             info="Lookahead: at most G n-grams per key token, all verified in one pass.")
 LOOKAHEAD_KNOBS = (LOOKAHEAD_WINDOW_KNOB, LOOKAHEAD_NGRAM_KNOB, LOOKAHEAD_GUESS_KNOB)
+
+POSTERIOR_THRESHOLD_KNOB = Knob("posterior_threshold", "Posterior threshold", 0.0, 1.0, 0.09, step=0.01,
+                                integer=False, info="Medusa typical acceptance: accept x when p(x) > "
+                                "min(threshold, alpha * exp(-entropy)).")
+POSTERIOR_ALPHA_KNOB = Knob("posterior_alpha", "Posterior alpha", 0.0, 1.0, 0.3, step=0.01, integer=False,
+                            info="Medusa typical acceptance: scales exp(-entropy) of the target's distribution.")
+
+DRAFT_PROPOSER_KNOB = ChoiceKnob(
+    "proposer", "Proposer", ("model", "medusa_heads"), "model",
+    info="model: the draft model drafts K tokens, one forward pass each. medusa_heads: the draft's next token "
+         "plus its Medusa heads' tokens, from one draft forward pass (needs heads for the draft).")
+MEDUSA_ACCEPTANCE_KNOB = ChoiceKnob(
+    "acceptance", "Acceptance", ("exact", "typical"), "exact",
+    info="exact: the target's own rule (greedy argmax match, or speculative sampling): lossless. "
+         "typical: Medusa's typical acceptance, faster but the output may differ from the target's.")
 
 GENERATION_KNOBS = (MAX_NEW_TOKENS_KNOB, TEMPERATURE_KNOB, TOP_P_KNOB, TOP_K_KNOB, SEED_KNOB)

@@ -14,6 +14,11 @@ from transformers import DynamicCache
 from .tree import additive_mask, tree_attention_inputs
 
 
+def _hidden_kwargs(return_hidden: bool) -> dict:
+    """Ask transformers for hidden states only when wanted (test doubles need not accept the flag)."""
+    return {"output_hidden_states": True} if return_hidden else {}
+
+
 class CausalLM:
     """Forward passes with a KV cache for one model.
 
@@ -44,7 +49,8 @@ class CausalLM:
         return time.perf_counter()
 
     @torch.inference_mode()
-    def forward(self, cache: DynamicCache, input_ids: torch.Tensor, parents: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, cache: DynamicCache, input_ids: torch.Tensor, parents: torch.Tensor | None = None,
+                return_hidden: bool = False):
         """Run ``input_ids`` after the cached prefix and append them to the cache.
 
         Args:
@@ -55,8 +61,12 @@ class CausalLM:
                 and ``input_ids[1:]`` a candidate tree (see :mod:`playground.engine.tree`);
                 attention then follows the tree and position ids are ``past_len + depth``.
 
+            return_hidden: also return the last layer's hidden states (after the final norm).
+
         Returns:
             ``(q_len, vocab_size)`` float32 logits; row i predicts the token after node i.
+            With ``return_hidden``: ``(logits, hidden)``, hidden ``(q_len, hidden_size)`` in the
+            model's dtype.
         """
         if input_ids.dim() != 1 or input_ids.shape[0] == 0:
             raise ValueError(f"input_ids must have shape (q_len,) with q_len >= 1, got {tuple(input_ids.shape)}")
@@ -68,16 +78,17 @@ class CausalLM:
         is_chain = parents is None or bool((parents.cpu() == torch.arange(-1, q_len - 2)).all())
         if is_chain:
             position_ids = torch.arange(past_len, past_len + q_len, device=self.device)[None]
-            out = self.model(input_ids=ids, position_ids=position_ids, cache=cache, use_cache=True)
+            out = self.model(input_ids=ids, position_ids=position_ids, cache=cache, use_cache=True,
+                             **_hidden_kwargs(return_hidden))
         else:
             mask, position_ids = tree_attention_inputs(parents, past_len, self.dtype, self.device)
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
-                             cache=cache, use_cache=True)
-        return out.logits[0].float()
+                             cache=cache, use_cache=True, **_hidden_kwargs(return_hidden))
+        return (out.logits[0].float(), out.hidden_states[-1][0]) if return_hidden else out.logits[0].float()
 
     @torch.inference_mode()
     def forward_masked(self, cache: DynamicCache, input_ids: torch.Tensor, allowed: torch.Tensor,
-                       position_offsets: torch.Tensor) -> torch.Tensor:
+                       position_offsets: torch.Tensor, return_hidden: bool = False):
         """Run ``input_ids`` after the cached prefix with an explicit attention matrix and positions.
 
         The general path behind :meth:`forward` (used for passes that carry a drafter's extra
@@ -91,7 +102,8 @@ class CausalLM:
             position_offsets: ``(q_len,)`` int64; position id of query i is ``past_len + offsets[i]``.
 
         Returns:
-            ``(q_len, vocab_size)`` float32 logits.
+            ``(q_len, vocab_size)`` float32 logits (and the hidden states with ``return_hidden``,
+            as for :meth:`forward`).
         """
         q_len = input_ids.shape[0] if input_ids.dim() == 1 else -1
         if q_len < 1 or allowed.shape != (q_len, q_len) or position_offsets.shape != (q_len,):
@@ -101,8 +113,8 @@ class CausalLM:
         mask = additive_mask(allowed, past_len, self.dtype, self.device)
         position_ids = (past_len + position_offsets.long()).to(self.device)[None]
         out = self.model(input_ids=input_ids.to(self.device)[None], attention_mask=mask,
-                         position_ids=position_ids, cache=cache, use_cache=True)
-        return out.logits[0].float()
+                         position_ids=position_ids, cache=cache, use_cache=True, **_hidden_kwargs(return_hidden))
+        return (out.logits[0].float(), out.hidden_states[-1][0]) if return_hidden else out.logits[0].float()
 
     @staticmethod
     def crop(cache: DynamicCache, length: int) -> None:

@@ -149,3 +149,98 @@ def verify_reference_chain(draft_tokens: list[int], target_probs: torch.Tensor,
         return Verdict(list(range(i)), int(torch.multinomial(residual, 1, generator=generator).item()))
     k = len(draft_tokens)
     return Verdict(list(range(k)), int(torch.multinomial(target_probs[k], 1, generator=generator).item()))
+
+
+@dataclass(frozen=True)
+class TypicalAcceptance:
+    """Medusa's typical acceptance (Cai et al. 2024, section 2.3.1; the reference's
+    ``evaluate_posterior`` with ``posterior_threshold`` and ``posterior_alpha``).
+
+    A candidate x is accepted when ``p(x) > min(posterior_threshold, posterior_alpha * exp(-H(p)))``
+    with p the target's distribution at its parent and H its entropy (nats). It accepts plausible
+    tokens, not only the target's choice, so the output is no longer exactly the target's.
+    """
+
+    posterior_threshold: float = 0.09
+    posterior_alpha: float = 0.3
+
+    def thresholds(self, target_probs: torch.Tensor) -> torch.Tensor:
+        """``(rows,)`` acceptance thresholds for ``target_probs`` ``(rows, vocab_size)``."""
+        p = target_probs.float()
+        entropy = -(p * torch.log(p.clamp_min(1e-10))).sum(-1)
+        return torch.clamp(self.posterior_alpha * torch.exp(-entropy), max=self.posterior_threshold)
+
+
+def verify_typical(candidates: Candidates, target_probs: torch.Tensor, rule: TypicalAcceptance,
+                   generator: torch.Generator | None) -> Verdict:
+    """Typical acceptance over a candidate tree: the longest path of typical tokens.
+
+    Args:
+        candidates: the proposal (``num_nodes`` tokens).
+        target_probs: ``(num_nodes + 1, vocab_size)`` float32, the target's distribution at the
+            root and after each candidate (softmax of the logits at temperature 1 under greedy
+            decoding, else after the run's temperature / top-k / top-p).
+        rule: the threshold and alpha.
+        generator: None under greedy decoding: the bonus token is then the target's argmax;
+            otherwise the bonus token is sampled from p restricted to its typical tokens (p(x)
+            above the threshold, the argmax always kept), as the reference does.
+
+    Returns:
+        The deepest path whose every token is typical under its parent's distribution (the
+        first such path in node order on ties), and the bonus token after it.
+    """
+    _check(candidates, target_probs, "target_probs")
+    n = len(candidates)
+    tokens, parents = candidates.tokens.cpu(), candidates.parents.cpu()
+    threshold = rule.thresholds(target_probs)  # (num_nodes + 1,)
+    # 1. Each candidate is typical when p_parent(x) > threshold_parent.
+    rows = (parents + 1).to(target_probs.device)
+    p_x = target_probs[rows, tokens.to(target_probs.device)] if n else torch.zeros(0)
+    ok = (p_x > threshold[rows]).tolist() if n else []
+    # 2. Depth of the typical run ending at each node (0 when the node or an ancestor is not typical).
+    run: list[int] = []
+    for i, p in enumerate(parents.tolist()):
+        run.append((1 + (run[p] if p >= 0 else 0)) if ok[i] and (p < 0 or run[p] > 0) else 0)
+    # 3. The deepest such node (first on ties) gives the accepted path.
+    path: list[int] = []
+    if n and max(run) > 0:
+        node = max(range(n), key=lambda i: (run[i], -i))
+        while node >= 0:
+            path.append(node)
+            node = int(parents[node])
+        path.reverse()
+    # 4. The bonus token from the last accepted node's distribution.
+    p = target_probs[path[-1] + 1 if path else 0]
+    if generator is None:
+        return Verdict(path, int(p.argmax()))
+    kept = torch.where(p > threshold[path[-1] + 1 if path else 0], p, torch.zeros_like(p))
+    kept[p.argmax()] = p.max()
+    return Verdict(path, int(torch.multinomial(kept / kept.sum(), 1, generator=generator).item()))
+
+
+def verify_typical_reference(candidates: Candidates, target_probs: torch.Tensor,
+                             rule: TypicalAcceptance) -> list[int]:
+    """Slow, obvious typical acceptance: try every root-to-leaf path, keep the longest accepted
+    prefix, as the reference's ``evaluate_posterior`` does over its candidate sequences (on ties,
+    the path ending at the lowest node index). Returns the accepted path; tests compare
+    :func:`verify_typical` with it."""
+    children = candidates.children()
+    tokens, parents = candidates.tokens.tolist(), candidates.parents.tolist()
+    leaves = [i for i in range(len(candidates)) if not children[i + 1]]
+    best: list[int] = []
+    for leaf in leaves:
+        seq, node = [], leaf
+        while node >= 0:
+            seq.append(node)
+            node = parents[node]
+        seq.reverse()
+        accepted: list[int] = []
+        for node in seq:
+            p = target_probs[parents[node] + 1]
+            if float(p[tokens[node]]) > float(rule.thresholds(p[None])[0]):
+                accepted.append(node)
+            else:
+                break
+        if len(accepted) > len(best) or (accepted and len(accepted) == len(best) and accepted[-1] < best[-1]):
+            best = accepted
+    return best

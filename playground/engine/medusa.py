@@ -1,0 +1,446 @@
+"""Medusa: extra decoding heads on the target's last hidden state propose a tree of candidates.
+
+Source: Cai, Li, Geng, Peng, Lee, Chen, Dao 2024, "Medusa: Simple LLM Inference Acceleration
+Framework with Multiple Decoding Heads" (ICML), and its reference implementation
+(FasterDecoding/Medusa), read for facts: the checkpoint format, the tree format, the defaults.
+
+* A head is ``num_layers`` residual blocks ``x + SiLU(W x + b)`` (W, b zero-initialised, so a
+  new head is the identity) followed by a projection to the vocabulary; a head saved without
+  one reuses the base model's output projection (``lm_head``). Each head has its own blocks.
+* On the last hidden state ``h_t`` (whose ``lm_head`` output predicts token t+1, the step's
+  root) head k (0-based) predicts token t+k+2, i.e. candidates at depth k+1 below the root.
+* Each step, each head's top-k tokens fill the tree given by ``tree_choices``
+  (:func:`~playground.engine.tree.tree_buffers`); the target verifies the whole tree in one
+  pass, and the exact rule (greedy: lossless) or typical acceptance picks the path.
+
+Checkpoints (the reference format): a folder or hub repository with ``config.json`` holding
+``medusa_num_heads``, ``medusa_num_layers``, ``base_model_name_or_path``, and weights in
+``medusa_lm_head.safetensors`` or ``medusa_lm_head.pt`` with keys ``{k}.{layer}.linear.weight``,
+``{k}.{layer}.linear.bias`` and, when the head has its own projection, ``{k}.{num_layers}.weight``.
+The head count and layer count are read from the tensors (configs are sometimes wrong). We also
+write ``top_k_accuracy`` (per head, the held-out top-1..top-10 accuracy) when training measured it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .draft_model import DraftModelDrafter
+from .drafter import DecodeState, Drafter
+from .limits import K_KNOB, MAX_MEDUSA_HEADS, POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB
+from .models import ModelLoadError
+from .sampling import logits_to_probs
+from .target import CausalLM
+from .tree import Candidates, TreeBuffers, parse_tree_choices, tree_buffers
+from .verify import TypicalAcceptance
+
+CONFIG_NAME = "config.json"
+WEIGHTS_SAFETENSORS = "medusa_lm_head.safetensors"
+WEIGHTS_PT = "medusa_lm_head.pt"
+DEFAULT_HEADS_DIR = Path(__file__).resolve().parents[2] / "assets" / "medusa" / "default"
+"""Where the heads trained for the embedded default target live (loaded automatically when present)."""
+HEAD_LOSS_DECAY = 0.8
+"""Head k's loss weight is HEAD_LOSS_DECAY ** k (Medusa-1 training, Cai et al. 2024, section 2.2)."""
+
+
+def head_source(k: int) -> str:
+    """Source tag of tokens accepted from head ``k`` (1-based): ``medusa_head_k``."""
+    return f"medusa_head_{k}"
+
+
+class MedusaLoadError(ModelLoadError):
+    """Medusa heads could not be found or loaded; the message is meant for the user."""
+
+
+# ----- the heads ---------------------------------------------------------------------------------
+class ResBlock(nn.Module):
+    """``x + SiLU(linear(x))`` with the linear layer zero-initialised (the block starts as the identity)."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """``num_heads`` Medusa heads over a base model's last hidden state.
+
+    Args:
+        hidden_size: the base model's hidden size.
+        vocab_size: output width (the base model's ``lm_head`` rows when shared).
+        num_heads: heads; head k (0-based) predicts the token k+2 positions after the hidden state.
+        num_layers: residual blocks per head (each head its own).
+        share_lm_head: no per-head projection: every head ends in the base model's ``lm_head``
+            (attach it with :meth:`attach_lm_head`); keeps a checkpoint to a few MB.
+        base_model_name_or_path: recorded in ``config.json``.
+        top_k_accuracy: optional ``(num_heads, <= MEDUSA_TOP_K)`` held-out top-1..top-k accuracy
+            per head, used to choose a tree (:mod:`playground.engine.medusa_trees`).
+
+    The state dict is the reference's: ``heads.{k}.{layer}.linear.*`` and ``heads.{k}.{num_layers}.weight``
+    (the ``heads.`` prefix dropped on save).
+    """
+
+    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int = 1,
+                 share_lm_head: bool = True, base_model_name_or_path: str = "",
+                 top_k_accuracy: list[list[float]] | None = None):
+        super().__init__()
+        if not 1 <= num_heads <= MAX_MEDUSA_HEADS:
+            raise ValueError(f"num_heads must be in [1, {MAX_MEDUSA_HEADS}], got {num_heads}")
+        if num_layers < 0:
+            raise ValueError(f"num_layers must be >= 0, got {num_layers}")
+        self.hidden_size, self.vocab_size = hidden_size, vocab_size
+        self.num_heads, self.num_layers = num_heads, num_layers
+        self.share_lm_head = share_lm_head
+        self.base_model_name_or_path = base_model_name_or_path
+        self.top_k_accuracy = top_k_accuracy
+        self.heads = nn.ModuleList()
+        for _ in range(num_heads):
+            layers: list[nn.Module] = [ResBlock(hidden_size) for _ in range(num_layers)]
+            if not share_lm_head:
+                layers.append(nn.Linear(hidden_size, vocab_size, bias=False))
+            self.heads.append(nn.Sequential(*layers))
+        self._lm_head: list[nn.Module] = []  # a plain list: the base projection is not ours to save
+
+    def attach_lm_head(self, lm_head: nn.Module) -> "MedusaHeads":
+        """Use ``lm_head`` (the base model's output projection, frozen) for heads without their own."""
+        if self.share_lm_head:
+            w = getattr(lm_head, "weight", None)
+            if w is not None and w.shape[-1] != self.hidden_size:
+                raise ValueError(f"the base model's lm_head takes hidden size {w.shape[-1]}, but the Medusa "
+                                 f"heads have hidden size {self.hidden_size}")
+            if w is not None:
+                self.vocab_size = int(w.shape[0])
+        self._lm_head = [lm_head]
+        return self
+
+    def residual(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(..., hidden_size)`` -> ``(..., num_heads, hidden_size)``: each head's blocks (shared-lm_head heads)."""
+        return torch.stack([head[:self.num_layers](hidden) for head in self.heads], dim=-2)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Head logits.
+
+        Args:
+            hidden: ``(..., hidden_size)`` last hidden states (after the base model's final norm).
+
+        Returns:
+            ``(..., num_heads, vocab_size)``; ``[..., k, :]`` predicts the token k+2 positions on.
+        """
+        if hidden.shape[-1] != self.hidden_size:
+            raise ValueError(f"hidden must have shape (..., {self.hidden_size}), got {tuple(hidden.shape)}")
+        if self.share_lm_head:
+            if not self._lm_head:
+                raise RuntimeError("these Medusa heads share the base model's lm_head: call attach_lm_head first")
+            lm_head = self._lm_head[0]
+            x = self.residual(hidden)
+            weight = getattr(lm_head, "weight", None)
+            return lm_head(x if weight is None else x.to(weight.dtype))  # one matmul for all heads
+        return torch.stack([head(hidden) for head in self.heads], dim=-2)
+
+    # ----- the reference format ------------------------------------------------------------------
+    def reference_state_dict(self) -> dict[str, torch.Tensor]:
+        """Tensors under the reference's keys (``{k}.{layer}.linear.weight``, ...), contiguous, on CPU."""
+        return {k: v.detach().cpu().contiguous() for k, v in self.heads.state_dict().items()}
+
+    def config_dict(self) -> dict:
+        config = {"medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers,
+                  "base_model_name_or_path": self.base_model_name_or_path, "hidden_size": self.hidden_size,
+                  "vocab_size": self.vocab_size, "share_lm_head": self.share_lm_head}
+        if self.top_k_accuracy is not None:
+            config["top_k_accuracy"] = [[round(float(a), 4) for a in row] for row in self.top_k_accuracy]
+        return config
+
+    def save(self, folder: str | Path, fmt: str = "safetensors") -> Path:
+        """Write ``config.json`` and the weights (``fmt`` ``"safetensors"`` or ``"pt"``) into ``folder``."""
+        if fmt not in ("safetensors", "pt"):
+            raise ValueError(f"fmt must be 'safetensors' or 'pt', got {fmt!r}")
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = self.reference_state_dict()
+        for stale in (WEIGHTS_SAFETENSORS, WEIGHTS_PT):
+            (folder / stale).unlink(missing_ok=True)
+        if fmt == "safetensors":
+            from safetensors.torch import save_file
+
+            save_file(tensors, str(folder / WEIGHTS_SAFETENSORS), metadata={"format": "pt"})
+        else:
+            torch.save(tensors, folder / WEIGHTS_PT)
+        (folder / CONFIG_NAME).write_text(json.dumps(self.config_dict(), indent=2) + "\n")
+        return folder
+
+    @classmethod
+    def from_reference(cls, tensors: dict[str, torch.Tensor], config: dict) -> "MedusaHeads":
+        """Build heads from reference-format tensors; head and layer counts come from the tensors.
+
+        Raises:
+            MedusaLoadError: unknown keys, missing layers, heads that disagree on having a projection.
+        """
+        tensors = {re.sub(r"^(medusa_head|heads)\.", "", k): v for k, v in tensors.items()}
+        pattern = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
+        parsed = {}
+        for key in tensors:
+            m = pattern.match(key)
+            if m is None:
+                raise MedusaLoadError(f"unexpected tensor {key!r} in Medusa weights (expected keys like "
+                                      "'0.0.linear.weight' and '0.1.weight')")
+            parsed[key] = (int(m.group(1)), int(m.group(2)), m.group(3))
+        if not parsed:
+            raise MedusaLoadError("the Medusa weights file holds no tensors")
+        num_heads = 1 + max(k for k, _, _ in parsed.values())
+        layers = {k: sorted({i for kk, i, what in parsed.values() if kk == k and what.startswith("linear")})
+                  for k in range(num_heads)}
+        num_layers = len(layers[0])
+        for k in range(num_heads):
+            if layers[k] != list(range(num_layers)):
+                raise MedusaLoadError(f"Medusa head {k} has residual layers {layers[k]}, head 0 has "
+                                      f"{list(range(num_layers))}")
+        projected = [f"{k}.{num_layers}.weight" in tensors for k in range(num_heads)]
+        if any(projected) and not all(projected):
+            raise MedusaLoadError("some Medusa heads have their own output projection and some do not")
+        if num_layers:
+            hidden = int(tensors["0.0.linear.weight"].shape[1])
+        elif all(projected):
+            hidden = int(tensors[f"0.{num_layers}.weight"].shape[1])
+        else:
+            raise MedusaLoadError("Medusa heads with no residual layers and no projection hold nothing")
+        vocab = int(tensors[f"0.{num_layers}.weight"].shape[0]) if projected[0] else int(config.get("vocab_size", 0))
+        declared = config.get("medusa_num_heads")
+        if declared is not None and declared != num_heads:
+            import logging
+
+            logging.getLogger(__name__).info("config.json says %s Medusa heads; the weights hold %d (using %d)",
+                                             declared, num_heads, num_heads)
+        accuracy = config.get("top_k_accuracy")
+        heads = cls(hidden, vocab, num_heads, num_layers, share_lm_head=not projected[0],
+                    base_model_name_or_path=str(config.get("base_model_name_or_path") or ""),
+                    top_k_accuracy=accuracy if isinstance(accuracy, list) and len(accuracy) == num_heads else None)
+        missing, unexpected = heads.heads.load_state_dict(tensors, strict=False)
+        if missing or unexpected:
+            raise MedusaLoadError(f"Medusa weights do not fit: missing {missing[:4]}, unexpected {unexpected[:4]}")
+        return heads
+
+
+def _read_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config, tensors) from a local checkpoint folder."""
+    config_path = folder / CONFIG_NAME
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    if (folder / WEIGHTS_SAFETENSORS).is_file():
+        from safetensors.torch import load_file
+
+        return config, load_file(str(folder / WEIGHTS_SAFETENSORS))
+    if (folder / WEIGHTS_PT).is_file():
+        return config, torch.load(folder / WEIGHTS_PT, map_location="cpu", weights_only=True)
+    raise MedusaLoadError(f"could not load Medusa heads from {str(folder)!r}: no {WEIGHTS_SAFETENSORS} or "
+                          f"{WEIGHTS_PT} in the folder")
+
+
+def _download(repo_id: str) -> Path:
+    """A local folder holding ``repo_id``'s config and weights (hub cache first, then one probe, then download)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    from .models import _probe_hub
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise MedusaLoadError(f"could not load Medusa heads {repo_id!r}: no such folder, and not a valid "
+                              f"Hugging Face hub id ({e})") from None
+
+    def fetch(offline: bool) -> Path:
+        folder = None
+        for name in (WEIGHTS_SAFETENSORS, WEIGHTS_PT):
+            try:
+                folder = Path(hf_hub_download(repo_id, name, local_files_only=offline)).parent
+                break
+            except Exception as e:  # missing file, or not cached
+                last = e
+        if folder is None:
+            raise last
+        try:
+            hf_hub_download(repo_id, CONFIG_NAME, local_files_only=offline)
+        except Exception:
+            pass  # the tensors say everything that matters
+        return folder
+
+    try:
+        return fetch(offline=True)
+    except Exception:
+        pass
+    try:
+        _probe_hub(repo_id)
+    except ModelLoadError as e:
+        raise MedusaLoadError(str(e).replace("could not load model", "could not load Medusa heads")) from None
+    try:
+        return fetch(offline=False)
+    except Exception as e:
+        raise MedusaLoadError(f"could not load Medusa heads {repo_id!r} from the hub: {type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''} (expected {WEIGHTS_SAFETENSORS} or "
+                              f"{WEIGHTS_PT})") from None
+
+
+def load_heads(spec: str | Path, target=None) -> MedusaHeads:
+    """Load Medusa heads from a local folder or a hub id, in eval mode with gradients off.
+
+    Args:
+        spec: a checkpoint folder or a Hugging Face hub id (see the module docstring).
+        target: optional :class:`~playground.engine.models.LoadedModel` (or anything with
+            ``model``): the heads move to its device and dtype and share its ``lm_head``.
+
+    Raises:
+        MedusaLoadError: not found, unreachable hub, malformed weights, or a hidden size
+            that does not match the target's.
+    """
+    path = Path(str(spec)).expanduser()
+    if path.is_dir():
+        config, tensors = _read_folder(path)
+    elif str(spec).startswith(("/", ".", "~")) or path.exists():
+        raise MedusaLoadError(f"could not load Medusa heads {str(spec)!r}: no such folder")
+    else:
+        config, tensors = _read_folder(_download(str(spec)))
+    heads = MedusaHeads.from_reference(tensors, config)
+    if target is not None:
+        model = target.model
+        hidden = int(model.config.get_text_config().hidden_size)
+        if hidden != heads.hidden_size:
+            raise MedusaLoadError(f"Medusa heads {str(spec)!r} were trained for hidden size {heads.hidden_size}, "
+                                  f"but the target has hidden size {hidden}")
+        param = next(model.parameters())
+        heads.to(device=param.device, dtype=param.dtype)
+        heads.attach_lm_head(model.get_output_embeddings())
+    heads.eval().requires_grad_(False)
+    return heads
+
+
+def default_heads_path(target_spec: str) -> Path | None:
+    """The shipped heads' folder for the embedded default target, when it is present."""
+    if target_spec == "default" and (DEFAULT_HEADS_DIR / CONFIG_NAME).is_file():
+        return DEFAULT_HEADS_DIR
+    return None
+
+
+# ----- drafters ----------------------------------------------------------------------------------
+class MedusaDrafter(Drafter):
+    """Medusa-1 decoding: the heads' top-k tokens on the target's last hidden state fill a tree.
+
+    Args:
+        heads: Medusa heads attached to the target's ``lm_head`` (on the target's device).
+        tree_choices: index paths (see :func:`~playground.engine.tree.parse_tree_choices`); paths
+            deeper than the number of heads are an error.
+        acceptance: ``"exact"`` (greedy: argmax match, lossless; sampling: the one-hot
+            speculative rule, exact in distribution) or ``"typical"`` (typical acceptance).
+        posterior_threshold, posterior_alpha: typical acceptance's knobs.
+
+    Raises:
+        ValueError: a malformed tree or a knob out of range.
+    """
+
+    name = "medusa"
+    source = "medusa_head_1"
+    needs_hidden = True
+
+    def __init__(self, heads: MedusaHeads, tree_choices, acceptance: str = "exact",
+                 posterior_threshold: float = POSTERIOR_THRESHOLD_KNOB.default,
+                 posterior_alpha: float = POSTERIOR_ALPHA_KNOB.default):
+        if acceptance not in ("exact", "typical"):
+            raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
+        self.heads = heads
+        self.buffers: TreeBuffers = tree_buffers(parse_tree_choices(tree_choices, num_heads=heads.num_heads))
+        self.top_k = int(self.buffers.ranks.max()) + 1
+        self.typical = TypicalAcceptance(POSTERIOR_THRESHOLD_KNOB.check(posterior_threshold),
+                                         POSTERIOR_ALPHA_KNOB.check(posterior_alpha)) if acceptance == "typical" else None
+        self.sources = [head_source(int(d)) for d in self.buffers.depths]
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> Candidates:
+        # 1. Only the part of the tree that fits the budget (nodes are sorted by depth: a prefix).
+        n = self.buffers.nodes_within(state.budget)
+        if n == 0:
+            return Candidates.empty(state.device)
+        if state.hidden is None or state.hidden.shape != (self.heads.hidden_size,):
+            raise ValueError(f"MedusaDrafter needs the target's last hidden state of shape "
+                             f"({self.heads.hidden_size},), got "
+                             f"{None if state.hidden is None else tuple(state.hidden.shape)}")
+        # 2. Every head's top-k tokens from the hidden state at the root's parent (one matmul).
+        logits = self.heads(state.hidden)[:, :state.vocab_size]  # (num_heads, vocab_size)
+        top = torch.topk(logits, self.top_k, dim=-1).indices.cpu()  # (num_heads, top_k)
+        # 3. Node i's token: head depths[i]'s ranks[i]-th token.
+        depths, ranks = self.buffers.depths[:n], self.buffers.ranks[:n]
+        tokens = top[depths - 1, ranks]
+        return Candidates(tokens.to(state.device), self.buffers.parents[:n].to(state.device), self.sources[:n])
+
+
+class MedusaDraftDrafter(DraftModelDrafter):
+    """Medusa as a draft (the seed's idea): a small draft model with Medusa heads proposes its own
+    next token plus its heads' tokens, a chain of ``min(k, 1 + num_heads)`` from **one** draft
+    forward pass, for a larger target with the same tokenizer.
+
+    Args:
+        draft: the draft model wrapper; heads: Medusa heads trained on (and attached to) it.
+        k: most tokens per step, in ``[1, MAX_SPECULATIVE_TOKENS]``.
+
+    The draft's own token is its argmax (greedy) or a sample from its distribution q; the heads'
+    tokens are their argmax (deterministic: q one-hot), so speculative sampling stays exact.
+    """
+
+    name = "draft_model"
+
+    def __init__(self, draft: CausalLM, heads: MedusaHeads, k: int = K_KNOB.default):
+        super().__init__(draft, k)
+        self.heads = heads
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> Candidates:
+        k = min(self.k, 1 + self.heads.num_heads, state.budget)
+        if k <= 0:
+            return Candidates.empty(state.device)
+        # 1. One draft forward over the tokens it has not seen yet.
+        pending = self._sync_cache(state.tokens)
+        logits, hidden = self.draft.forward(self.cache, torch.tensor(pending, dtype=torch.long), return_hidden=True)
+        self.fed.extend(pending)
+        logits, hidden = logits[-1, :state.vocab_size], hidden[-1]
+        # 2. The draft's next token: argmax, or a sample from q.
+        q_rows = None
+        if state.sampling.greedy:
+            first = int(logits.argmax())
+        else:
+            q = logits_to_probs(logits, state.sampling).to(state.device)
+            first = int(torch.multinomial(q, 1, generator=state.generator).item())
+            q_rows = [q]
+        # 3. The heads' argmax tokens for the positions after it.
+        rest = self.heads(hidden)[:k - 1, :state.vocab_size].argmax(-1).tolist() if k > 1 else []
+        if q_rows is not None:
+            eye = torch.eye(state.vocab_size, device=state.device)
+            q_rows += [eye[t] for t in rest]
+        draft_probs = torch.stack(q_rows) if q_rows is not None else None
+        return Candidates.chain([first] + rest, self.source, draft_probs, device=state.device)
+
+
+# ----- statistics --------------------------------------------------------------------------------
+def head_acceptance(stats: dict) -> list[dict]:
+    """Per-head acceptance of a Medusa run from its statistics (``RunStats.as_dict()``).
+
+    Depth d of the tree is head d, so the per-position counts are per-head counts.
+
+    Returns:
+        One dict per head ``k`` (1-based): ``rate`` = fraction of steps in which a token of head k
+        was accepted (among steps that proposed that depth); ``conditional`` = the same among
+        steps in which head k - 1's token was accepted (head 1: same as ``rate``).
+    """
+    rates = list(stats.get("per_position_acceptance") or [])
+    out = []
+    for i, rate in enumerate(rates):
+        prev = 1.0 if i == 0 else rates[i - 1]
+        out.append({"head": i + 1, "rate": rate, "conditional": rate / prev if prev > 0 else 0.0})
+    return out
+

@@ -1,0 +1,336 @@
+"""Train Medusa heads for any target (Medusa-1: the base model frozen): ``python -m playground.training.medusa``.
+
+Source: Cai et al. 2024, "Medusa", section 2.2.1 (Medusa-1) and 3.3 (self-distillation). The
+target stays frozen; only the heads learn. Head k (0-based) on the last hidden state at position
+t is trained with cross-entropy against the token at t + k + 2, the losses weighted by
+``0.8 ** k`` (later heads are harder and matter less, since they are only reached when the
+earlier ones were accepted).
+
+Steps:
+1. Read conversations (JSONL records with ``input_ids`` and ``prompt_len``, as written by
+   :mod:`playground.training.data`: the target's own answers to prompts it wrote itself) and
+   split off a held-out part.
+2. Run the frozen target once over every conversation (``torch.inference_mode``, in batches)
+   and keep the last hidden state at each answer position with the next ``num_heads + 1``
+   tokens as labels. The heads then train on these cached features: the target's forward is
+   paid once, not once per epoch.
+3. Train the heads (AdamW, warm-up then cosine decay), a progress bar showing the loss.
+4. Report per-head top-1 and top-5 accuracy on the held-out split and save the heads in the
+   reference format (plus the held-out top-1..top-10 accuracy, used to pick a tree per device).
+
+With ``--share-lm-head`` (the default) the heads end in the target's own frozen output
+projection, so a checkpoint holds only the residual blocks (a few MB for a small model) instead
+of a vocabulary-sized matrix per head.
+
+Example::
+
+    python -m playground.training.medusa --target default --data artifacts/selfdistill/default.jsonl \\
+        --heads 4 --layers 1 --epochs 2 --out assets/medusa/default
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from playground.engine.limits import MEDUSA_TOP_K
+from playground.engine.medusa import HEAD_LOSS_DECAY, MedusaHeads
+
+IGNORE = -100
+
+
+@dataclass
+class Features:
+    """Cached training examples.
+
+    Attributes:
+        hidden: ``(num_examples, hidden_size)`` the target's last hidden states (storage dtype).
+        labels: ``(num_examples, num_heads)`` int64; ``labels[i, k]`` is the token head k must
+            predict (``IGNORE`` past the end of the conversation).
+    """
+
+    hidden: torch.Tensor
+    labels: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.hidden.shape[0])
+
+
+def _positions(ids: list[int], prompt_len: int, num_heads: int) -> tuple[list[int], list[list[int]]]:
+    """Answer positions t (from the last prompt token on) with head labels ids[t + k + 2]."""
+    positions, labels = [], []
+    for t in range(max(prompt_len - 1, 0), len(ids) - 2):
+        positions.append(t)
+        labels.append([ids[t + k + 2] if t + k + 2 < len(ids) else IGNORE for k in range(num_heads)])
+    return positions, labels
+
+
+@torch.inference_mode()
+def collect_features(model, records: list[dict], num_heads: int, batch_size: int = 8, max_len: int = 1024,
+                     storage_dtype: torch.dtype = torch.bfloat16, progress: bool = True) -> Features:
+    """Run the frozen ``model`` over the conversations; keep hidden states and labels at answer positions.
+
+    Args:
+        model: a transformers causal LM (frozen, eval mode).
+        records: dicts with ``input_ids`` (list[int]) and ``prompt_len`` (int).
+        num_heads: heads to label for.
+        batch_size: conversations per forward pass (right-padded; causal attention keeps real
+            tokens unaffected by the padding).
+        max_len: conversations are cut to this many tokens.
+    """
+    device = next(model.parameters()).device
+    order = sorted(range(len(records)), key=lambda i: len(records[i]["input_ids"]))
+    hidden_parts, label_parts = [], []
+    bar = _bar(len(order), "features", progress)
+    for start in range(0, len(order), batch_size):
+        batch = [records[i] for i in order[start:start + batch_size]]
+        seqs = [list(r["input_ids"][:max_len]) for r in batch]
+        width = max(len(s) for s in seqs)
+        ids = torch.zeros(len(seqs), width, dtype=torch.long)
+        mask = torch.zeros(len(seqs), width, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, :len(s)] = torch.tensor(s)
+            mask[i, :len(s)] = 1
+        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True,
+                    logits_to_keep=1)
+        states = out.hidden_states[-1]  # (batch, width, hidden_size), after the final norm
+        for i, (s, r) in enumerate(zip(seqs, batch)):
+            positions, labels = _positions(s, int(r["prompt_len"]), num_heads)
+            if positions:
+                hidden_parts.append(states[i, positions].to("cpu", storage_dtype))
+                label_parts.append(torch.tensor(labels, dtype=torch.long))
+        bar.update(len(batch))
+    bar.close()
+    if not hidden_parts:
+        raise ValueError("no answer positions in the data: every conversation is shorter than its prompt + 3 tokens")
+    return Features(torch.cat(hidden_parts), torch.cat(label_parts))
+
+
+def head_losses(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-head cross-entropy ``(num_heads,)`` of ``heads`` on ``hidden`` ``(n, hidden_size)``
+    against ``labels`` ``(n, num_heads)`` (``IGNORE`` entries skipped)."""
+    if hidden.dim() != 2 or labels.shape != (hidden.shape[0], heads.num_heads):
+        raise ValueError(f"hidden (n, hidden_size) and labels (n, {heads.num_heads}) must agree, got "
+                         f"{tuple(hidden.shape)} and {tuple(labels.shape)}")
+    logits = heads(hidden)  # (n, num_heads, vocab)
+    losses = []
+    for k in range(heads.num_heads):
+        if bool((labels[:, k] != IGNORE).any()):
+            losses.append(torch.nn.functional.cross_entropy(logits[:, k].float(), labels[:, k], ignore_index=IGNORE))
+        else:
+            losses.append(logits.sum() * 0.0)
+    return torch.stack(losses)
+
+
+def weighted_loss(losses: torch.Tensor) -> torch.Tensor:
+    """Sum over heads of ``HEAD_LOSS_DECAY ** k * loss_k``."""
+    weights = HEAD_LOSS_DECAY ** torch.arange(losses.shape[0], dtype=losses.dtype, device=losses.device)
+    return (weights * losses).sum()
+
+
+@torch.no_grad()
+def evaluate(heads: MedusaHeads, features: Features, batch_size: int = 256,
+             top_k: int = MEDUSA_TOP_K) -> tuple[list[list[float]], list[float]]:
+    """Held-out cumulative top-1..top-k accuracy ``(num_heads, top_k)`` and mean loss per head."""
+    hits = torch.zeros(heads.num_heads, top_k)
+    counts = torch.zeros(heads.num_heads)
+    loss_sum = torch.zeros(heads.num_heads)
+    param_dtype = next(heads.parameters()).dtype
+    for start in range(0, len(features), batch_size):
+        h = features.hidden[start:start + batch_size].to(param_dtype)
+        y = features.labels[start:start + batch_size]
+        logits = heads(h).float()  # (n, num_heads, vocab)
+        top = torch.topk(logits, top_k, dim=-1).indices  # (n, num_heads, top_k)
+        valid = y != IGNORE
+        rank_hit = (top == y[..., None]) & valid[..., None]
+        hits += rank_hit.cumsum(-1).clamp(max=1).sum(0).float()
+        counts += valid.sum(0).float()
+        for k in range(heads.num_heads):
+            if bool(valid[:, k].any()):
+                loss_sum[k] += torch.nn.functional.cross_entropy(logits[:, k], y[:, k], ignore_index=IGNORE,
+                                                                 reduction="sum")
+    acc = (hits / counts.clamp(min=1)[:, None]).tolist()
+    return acc, (loss_sum / counts.clamp(min=1)).tolist()
+
+
+def train_heads(heads: MedusaHeads, features: Features, *, epochs: float = 1.0, max_steps: int | None = None,
+                batch_size: int = 64, lr: float = 1e-3, weight_decay: float = 0.0, warmup: float = 0.05,
+                seed: int = 0, progress: bool = True) -> list[float]:
+    """Train ``heads`` (its parameters only) on cached features; return the loss of every step.
+
+    Steps: shuffle (seeded), batches of ``batch_size`` positions, loss = :func:`weighted_loss`,
+    AdamW with a linear warm-up over ``warmup`` of the steps and cosine decay to 0.
+    """
+    g = torch.Generator().manual_seed(seed)
+    steps_per_epoch = max(1, math.ceil(len(features) / batch_size))
+    total = max_steps if max_steps is not None else max(1, int(round(epochs * steps_per_epoch)))
+    params = [p for p in heads.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    warm = max(1, int(warmup * total))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm))))
+    param_dtype = params[0].dtype
+    heads.train()
+    history: list[float] = []
+    bar = _bar(total, "train", progress)
+    order = torch.randperm(len(features), generator=g)
+    cursor = 0
+    for _ in range(total):
+        if cursor + batch_size > len(order) and cursor > 0:
+            order, cursor = torch.randperm(len(features), generator=g), 0
+        idx = order[cursor:cursor + batch_size]
+        cursor += batch_size
+        losses = head_losses(heads, features.hidden[idx].to(param_dtype), features.labels[idx])
+        loss = weighted_loss(losses)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        history.append(float(loss))
+        bar.set_postfix_str(f"loss {history[-1]:.3f} head1 {float(losses[0]):.3f}", refresh=False)
+        bar.update(1)
+    bar.close()
+    heads.eval()
+    return history
+
+
+class _PlainBar:
+    def __init__(self, total: int, desc: str):
+        self.total, self.desc, self.n, self.post, self.last = total, desc, 0, "", 0.0
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.perf_counter() - self.last > 5 or self.n >= self.total:
+            print(f"{self.desc}: {self.n}/{self.total} {self.post}", file=sys.stderr, flush=True)
+            self.last = time.perf_counter()
+
+    def set_postfix_str(self, text: str, refresh: bool = False) -> None:
+        self.post = text
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(total: int, desc: str, enabled: bool):
+    """A tqdm progress bar on stderr (a printed line every few seconds without tqdm; nothing when disabled)."""
+    if not enabled:
+        bar = _PlainBar(total, desc)
+        bar.update = lambda n=1: None  # type: ignore[method-assign]
+        return bar
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
+    except ImportError:
+        return _PlainBar(total, desc)
+
+
+def format_accuracy(acc: list[list[float]]) -> str:
+    """A small table: per head, top-1 and top-5 held-out accuracy."""
+    lines = ["head  predicts  top-1   top-5"]
+    for k, row in enumerate(acc):
+        lines.append(f"{k + 1:>4}  t+{k + 2:<7} {row[0]:6.1%}  {row[min(4, len(row) - 1)]:6.1%}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m playground.training.medusa",
+                                 description="Train Medusa heads (Medusa-1, target frozen) on self-distilled "
+                                             "conversations; save them in the reference format.")
+    ap.add_argument("--target", default="default", help="target model spec (as app.py's --target)")
+    ap.add_argument("--data", required=True, help="JSONL conversations with input_ids and prompt_len "
+                                                  "(python -m playground.training.data)")
+    ap.add_argument("--out", required=True, help="output folder (config.json + medusa_lm_head.safetensors)")
+    ap.add_argument("--heads", type=int, default=4, help="number of heads (head k predicts token t+k+2)")
+    ap.add_argument("--layers", type=int, default=1, help="residual blocks per head")
+    ap.add_argument("--epochs", type=float, default=1.0)
+    ap.add_argument("--max-steps", type=int, help="stop after this many steps (overrides --epochs)")
+    ap.add_argument("--batch-size", type=int, default=64, help="positions per training step")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--share-lm-head", action=argparse.BooleanOptionalAction, default=True,
+                    help="end every head in the target's frozen lm_head (small checkpoint)")
+    ap.add_argument("--held-out", type=float, default=0.05, help="fraction of conversations held out")
+    ap.add_argument("--max-conversations", type=int, help="use only the first N conversations")
+    ap.add_argument("--max-len", type=int, default=1024, help="tokens per conversation kept")
+    ap.add_argument("--feature-batch", type=int, default=8, help="conversations per target forward")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto", help="target dtype (auto, float32, bfloat16, float16)")
+    ap.add_argument("--threads", type=int, help="torch CPU threads")
+    ap.add_argument("--format", choices=("safetensors", "pt"), default="safetensors")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-progress", action="store_true")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from playground.engine.models import ModelLoadError, load_model
+    from playground.training.data import load_records, split_records
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    try:
+        records = load_records(args.data)
+    except (OSError, ValueError) as e:
+        print(f"error: cannot read --data {args.data!r}: {e}", file=sys.stderr)
+        return 2
+    if args.max_conversations:
+        records = records[:args.max_conversations]
+    if len(records) < 2:
+        print(f"error: --data {args.data!r} has {len(records)} conversations; need at least 2", file=sys.stderr)
+        return 2
+    train_records, held_records = split_records(records, args.held_out, args.seed)
+    try:
+        target = load_model(args.target, args.device, args.dtype)
+    except (ModelLoadError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    model = target.model.eval().requires_grad_(False)
+    config = model.config.get_text_config()
+    progress = not args.no_progress
+    t0 = time.perf_counter()
+    train = collect_features(model, train_records, args.heads, args.feature_batch, args.max_len, progress=progress)
+    held = collect_features(model, held_records, args.heads, args.feature_batch, args.max_len, progress=progress)
+    t_feat = time.perf_counter() - t0
+    print(f"{len(train)} training positions from {len(train_records)} conversations, {len(held)} held-out "
+          f"positions from {len(held_records)}; features in {t_feat:.0f} s", file=sys.stderr)
+
+    heads = MedusaHeads(int(config.hidden_size), int(config.vocab_size), args.heads, args.layers,
+                        share_lm_head=args.share_lm_head, base_model_name_or_path=target.spec)
+    if args.share_lm_head:
+        heads.attach_lm_head(model.get_output_embeddings())
+    else:  # start each projection from the target's own (the reference does the same)
+        with torch.no_grad():
+            for head in heads.heads:
+                head[-1].weight.copy_(model.get_output_embeddings().weight.float())
+    heads.to(target.device)
+    before, _ = evaluate(heads, held)
+    t1 = time.perf_counter()
+    history = train_heads(heads, train, epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
+                          lr=args.lr, seed=args.seed, progress=progress)
+    t_train = time.perf_counter() - t1
+    acc, loss = evaluate(heads, held)
+    heads.top_k_accuracy = acc
+    heads.save(args.out, args.format)
+    first = sum(history[:10]) / max(1, len(history[:10]))
+    last = sum(history[-10:]) / max(1, len(history[-10:]))
+    print(f"\ntrained {len(history)} steps of {args.batch_size} positions in {t_train:.0f} s "
+          f"({len(history) * args.batch_size / max(t_train, 1e-9):.0f} positions/s); loss {first:.3f} -> {last:.3f}")
+    print("held-out accuracy before training (identity heads): top-1 " +
+          ", ".join(f"{row[0]:.1%}" for row in before))
+    print(format_accuracy(acc))
+    print("held-out loss per head: " + ", ".join(f"{x:.3f}" for x in loss))
+    size = sum(p.stat().st_size for p in Path(args.out).iterdir()) / 1e6
+    print(f"saved to {args.out} ({size:.1f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
