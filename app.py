@@ -32,7 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="target model: 'default' (embedded SmolLM2-135M-Instruct), a .gguf file, a "
                         "save_pretrained folder, or a Hugging Face hub id")
     p.add_argument("--draft", default=None,
-                   help="draft model for the draft_model method (same tokenizer as the target)")
+                   help="draft model for the draft_model method (same tokenizer as the target); with the "
+                        "default target, the draft distilled for it in assets/draft/default loads unless 'none'")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="weights' precision; auto = bfloat16 on CUDA and on CPUs with native bf16, else float32")
@@ -90,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from playground.engine.compare import Engine
-    from playground.engine.models import ModelLoadError, load_draft, load_model, resolve_device, resolve_dtype
+    from playground.engine.models import ModelLoadError, default_draft_spec, load_draft, load_model, resolve_device, \
+        resolve_dtype
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -100,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         dtype = resolve_dtype(args.dtype, device)
         target = load_model(args.target, device, dtype, progress=_progress("target"))
         draft = None
-        if args.draft:
-            draft = load_draft(args.draft, target, device, dtype, progress=_progress("draft"))
+        draft_spec = default_draft_spec(args.target, args.draft)
+        if draft_spec:
+            draft = load_draft(draft_spec, target, device, dtype, progress=_progress("draft"))
     except (ModelLoadError, ValueError) as e:
         print(f"\nerror: {e}", file=sys.stderr, flush=True)
         return 1

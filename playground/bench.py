@@ -549,7 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("models and device")
     g.add_argument("--target", default="default",
                    help="'default' (embedded SmolLM2-135M-Instruct), a .gguf file, a model folder or a hub id")
-    g.add_argument("--draft", help="draft model for draft_model (same tokenizer as the target)")
+    g.add_argument("--draft", help="draft model for draft_model (same tokenizer as the target); the default "
+                                   "target uses the draft shipped in assets/draft/default unless 'none'")
     g.add_argument("--medusa", help="Medusa heads for the medusa method")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     g.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
@@ -589,8 +590,9 @@ def load_engine(args: argparse.Namespace, methods: list[str]):
         device = models.resolve_device(args.device)
         target = models.load_model(args.target, device, args.dtype, log)
         draft = None
-        if getattr(args, "draft", None) and any(METHODS[m].needs_draft for m in methods):
-            draft = models.load_draft(args.draft, target, device, args.dtype, log)
+        draft_spec = models.default_draft_spec(args.target, getattr(args, "draft", None))
+        if draft_spec and any(METHODS[m].needs_draft for m in methods):
+            draft = models.load_draft(draft_spec, target, device, args.dtype, log)
     except (models.ModelLoadError, ValueError) as e:
         raise BenchError(str(e)) from None
     engine = Engine(target, draft)
@@ -654,7 +656,9 @@ def _main(args: argparse.Namespace) -> int:
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     questions = load_questions(args.questions, categories, args.limit)
     needs_draft = [m for m in methods if METHODS[m].needs_draft]
-    if needs_draft and not args.draft:
+    from playground.engine.models import default_draft_spec
+
+    if needs_draft and not default_draft_spec(args.target, args.draft):
         raise BenchError(f"{', '.join(needs_draft)} needs a draft model: add --draft MODEL (a smaller model with "
                          "the target's tokenizer: a hub id, a model folder or a .gguf file)")
     if args.draft and not needs_draft:

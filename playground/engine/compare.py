@@ -20,8 +20,11 @@ from .decoding import GenerationSettings, decode
 from .draft_model import DraftModelDrafter
 from .drafter import Drafter
 from .events import SOURCE_DRAFT, SOURCE_LOOKAHEAD, SOURCE_PROMPT_LOOKUP, SOURCE_TARGET, StepEvent
-from .limits import K_KNOB, LOOKAHEAD_KNOBS, PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB, Knob
+from .limits import (DRAFT_PROPOSER_KNOB, K_KNOB, LOOKAHEAD_KNOBS, MEDUSA_ACCEPTANCE_KNOB, POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB,
+                     PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB, ChoiceKnob, Knob)
 from .lookahead import LookaheadDrafter
+from .medusa import MedusaDraftDrafter, MedusaDrafter, head_source
+from .medusa_trees import AUTO, TREE_KNOB, TREE_PRESETS, TreeChoice, auto_tree, preset_choices
 from .prompt_lookup import PromptLookupDrafter
 from .target import CausalLM
 
@@ -36,8 +39,11 @@ class MethodInfo:
         name: API name; label: display name; description: one line for the UI.
         lossless: greedy output must equal the baseline's token for token.
         needs_draft: the method needs a draft model.
-        knobs: the method's settings (bounds shared with the UI sliders).
+        knobs: the method's settings (bounds shared with the UI sliders; :class:`ChoiceKnob`
+            for named options: a dropdown).
         sources: source tags its tokens can carry.
+        lossless_if: when given, the method is lossless only for params where it returns True
+            (Medusa: exact acceptance, not typical); see :func:`is_lossless`.
     """
 
     name: str
@@ -45,8 +51,9 @@ class MethodInfo:
     description: str
     lossless: bool
     needs_draft: bool
-    knobs: tuple[Knob, ...]
+    knobs: tuple[Knob | ChoiceKnob, ...]
     sources: tuple[str, ...]
+    lossless_if: Callable[[dict], bool] | None = None
 
 
 METHODS: dict[str, MethodInfo] = {m.name: m for m in (
@@ -56,18 +63,31 @@ METHODS: dict[str, MethodInfo] = {m.name: m for m in (
                "n-gram in the prompt and output (Saxena 2023).", True, False,
                (PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB), (SOURCE_TARGET, SOURCE_PROMPT_LOOKUP)),
     MethodInfo("draft_model", "Draft model", "A small draft model proposes K tokens; the target verifies them in "
-               "one pass (Leviathan et al. 2023; Chen et al. 2023).", True, True, (K_KNOB,),
+               "one pass (Leviathan et al. 2023; Chen et al. 2023).", True, True, (K_KNOB, DRAFT_PROPOSER_KNOB),
                (SOURCE_TARGET, SOURCE_DRAFT)),
     MethodInfo("lookahead", "Lookahead", "Jacobi iterations in a W x (N - 1) window generate n-grams; those "
                "starting with the last token are verified in the same pass (Fu et al. 2024).", True, False,
                LOOKAHEAD_KNOBS, (SOURCE_TARGET, SOURCE_LOOKAHEAD)),
+    MethodInfo("medusa", "Medusa", "Extra heads on the target's last hidden state propose a tree of tokens; "
+               "the target verifies it in one pass (Cai et al. 2024). Lossless with exact acceptance; typical "
+               "acceptance trades exactness for speed.", True, False,
+               (TREE_KNOB, MEDUSA_ACCEPTANCE_KNOB, POSTERIOR_THRESHOLD_KNOB, POSTERIOR_ALPHA_KNOB),
+               (SOURCE_TARGET,) + tuple(head_source(k) for k in range(1, 6)),
+               lossless_if=lambda p: p.get("acceptance", MEDUSA_ACCEPTANCE_KNOB.default) == "exact"),
 )}
+
+
+def is_lossless(method: str, params: dict | None = None) -> bool:
+    """Whether ``method`` with ``params`` must match the baseline under greedy decoding."""
+    info = METHODS[method]
+    return info.lossless and (info.lossless_if is None or bool(info.lossless_if(params or {})))
 
 SOURCE_LABELS = {
     SOURCE_TARGET: "target (bonus / correction)",
     SOURCE_DRAFT: "draft model",
     SOURCE_PROMPT_LOOKUP: "prompt lookup",
     SOURCE_LOOKAHEAD: "lookahead n-gram",
+    **{head_source(k): f"Medusa head {k}" for k in range(1, 6)},
 }
 """Legend text of each token source."""
 
@@ -178,13 +198,20 @@ class Engine:
         target: a loaded target model (see :mod:`playground.engine.models`): needs
             ``model``, ``tokenizer``, ``name``, ``context_length``, ``eos_token_ids``.
         draft: an optional loaded draft sharing the target's tokenizer.
+        medusa: optional :class:`~playground.engine.medusa.MedusaHeads` for the target (attached
+            to its ``lm_head``, see :func:`~playground.engine.medusa.load_heads`).
+        draft_medusa: optional Medusa heads of the draft: draft_model's ``proposer`` knob
+            ``medusa_heads`` then drafts with one draft pass per step.
     """
 
-    def __init__(self, target, draft=None):
+    def __init__(self, target, draft=None, medusa=None, draft_medusa=None):
         self.target = target
         self.draft = draft
         self.target_lm = CausalLM(target.model)
         self.draft_lm = CausalLM(draft.model) if draft is not None else None
+        self.medusa = medusa
+        self.draft_medusa = draft_medusa
+        self.medusa_auto: tuple[TreeChoice, dict] | None = None  # the "auto" tree, chosen on first use
         self.lock = threading.Lock()
 
     # ----- what can run --------------------------------------------------------------
@@ -196,7 +223,43 @@ class Engine:
         if info.needs_draft and self.draft_lm is None:
             return (f"no draft model is loaded for {self.target.name}: start the app with --draft MODEL "
                     "(a smaller model with the same tokenizer)")
+        if method == "medusa" and self.medusa is None:
+            return (f"no Medusa heads are loaded for {self.target.name}: start with --medusa PATH_OR_HUB_ID, or "
+                    "train heads with `python -m playground.training.medusa`")
         return None
+
+    # ----- Medusa trees --------------------------------------------------------------
+    MEDUSA_CALIBRATION_PROMPT = "Explain, step by step, how a bicycle works and why riding one is good exercise."
+
+    def medusa_auto_tree(self) -> tuple[TreeChoice, dict]:
+        """The tree chosen for this device (measured once, then kept): see ``medusa_trees.auto_tree``."""
+        if self.medusa_auto is None:
+            calibration = None
+            if self.medusa.top_k_accuracy is None:
+                calibration = self.encode_prompt(self.MEDUSA_CALIBRATION_PROMPT)
+            with self.lock:
+                self.medusa_auto = auto_tree(self.target_lm, self.medusa, calibration)
+        return self.medusa_auto
+
+    def medusa_tree(self, value) -> list[list[int]]:
+        """The paths of a ``tree_choices`` value: a preset name (``auto`` chooses per device) or paths."""
+        if self.medusa is None:
+            raise ValueError(f"medusa is unavailable: {self.unavailable_reason('medusa')}")
+        if value == AUTO:
+            return self.medusa_auto_tree()[0].choices
+        if isinstance(value, str) and value in TREE_PRESETS:
+            return preset_choices(value, self.medusa.num_heads)
+        return value
+
+    def medusa_tree_description(self, value) -> str:
+        """One line saying which tree ``value`` means here (for the UI and the benchmark)."""
+        if value == AUTO:
+            choice, info = self.medusa_auto_tree()
+            return f"auto: {choice.describe()}; head accuracy {info['accuracy_source']}"
+        paths = self.medusa_tree(value)
+        depth = max(len(p) for p in paths)
+        name = value if isinstance(value, str) else "custom"
+        return f"{name}: {len(paths)} nodes, depth {depth}"
 
     def available_methods(self) -> list[str]:
         return [m for m in METHODS if self.unavailable_reason(m) is None]
@@ -214,10 +277,21 @@ class Engine:
         factories: dict[str, Callable[[], Drafter]] = {
             BASELINE: lambda: AutoregressiveDrafter(),
             "prompt_lookup": lambda: PromptLookupDrafter(**params),
-            "draft_model": lambda: DraftModelDrafter(self.draft_lm, **params),
+            "draft_model": lambda: self._draft_model_drafter(params),
             "lookahead": lambda: LookaheadDrafter(**params),
+            "medusa": lambda: MedusaDrafter(self.medusa, self.medusa_tree(params["tree_choices"]), params["acceptance"],
+                                            params["posterior_threshold"], params["posterior_alpha"]),
         }
         return factories[spec.name]()
+
+    def _draft_model_drafter(self, params: dict) -> Drafter:
+        params = dict(params)
+        if params.pop("proposer", DRAFT_PROPOSER_KNOB.default) == "medusa_heads":
+            if self.draft_medusa is None:
+                raise ValueError("draft_model's proposer medusa_heads needs Medusa heads for the draft model "
+                                 "(Engine(draft_medusa=...)); none are loaded")
+            return MedusaDraftDrafter(self.draft_lm, self.draft_medusa, **params)
+        return DraftModelDrafter(self.draft_lm, token_map=getattr(self.draft, "token_map", None), **params)
 
     # ----- prompts -------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[dict], chat: bool = True) -> list[int]:

@@ -6,9 +6,18 @@ Speculative Sampling". The draft keeps its own KV cache; after each verification
 rolled back to the longest prefix it shares with the committed sequence, and the tokens
 it has not seen yet (the accepted tail and the bonus token) are fed on the next
 proposal, in the same forward pass as the first drafted token.
+
+A draft may have a *reduced vocabulary* (the most frequent target tokens only, as EAGLE-3
+does to shrink the draft's output layer): a :class:`TokenMap` then translates target ids
+into draft ids on the way in and draft logits back onto the target's vocabulary on the way
+out. Tokens outside the draft's vocabulary are never proposed (probability 0), and
+verification stays exact because the target checks every drafted token.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 
@@ -34,12 +43,68 @@ def _fit_vocab(q: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.nn.functional.pad(q, (0, vocab_size - q.shape[-1]))
 
 
+TOKEN_MAP_FILE = "draft_vocab.json"
+"""File in a reduced-vocabulary draft's folder: ``{"target_ids": [...]}``, the target id of each
+draft id, with -1 for the draft's out-of-vocabulary input id."""
+
+
+class TokenMap:
+    """Translation between a reduced draft vocabulary and the target's.
+
+    Args:
+        target_ids: ``(draft_vocab,)`` the target id of each draft id; exactly one entry is -1,
+            the draft's input id for every target token it does not have (never proposed).
+        target_vocab: the target's vocabulary size.
+
+    Raises:
+        ValueError: no -1 entry, a repeated id, or an id outside ``[0, target_vocab)``.
+    """
+
+    def __init__(self, target_ids: list[int], target_vocab: int):
+        ids = torch.tensor(target_ids, dtype=torch.long)
+        unknown = (ids == -1).nonzero().flatten()
+        if len(unknown) != 1:
+            raise ValueError(f"a token map needs exactly one -1 (out-of-vocabulary) entry, got {len(unknown)}")
+        known = ids[ids >= 0]
+        if len(known.unique()) != len(known) or (known >= target_vocab).any():
+            raise ValueError(f"token map ids must be distinct and in [0, {target_vocab})")
+        self.unknown_id = int(unknown[0])
+        self.to_target = ids  # (draft_vocab,)
+        self.to_draft = torch.full((target_vocab,), self.unknown_id, dtype=torch.long)  # (target_vocab,)
+        self.to_draft[known] = (ids >= 0).nonzero().flatten()
+        self.target_vocab = target_vocab
+
+    @classmethod
+    def load(cls, folder: str | Path, target_vocab: int) -> "TokenMap | None":
+        """The map saved in ``folder`` (None when the draft has the full vocabulary)."""
+        path = Path(folder) / TOKEN_MAP_FILE
+        if not path.is_file():
+            return None
+        return cls(json.loads(path.read_text())["target_ids"], target_vocab)
+
+    def save(self, folder: str | Path) -> None:
+        (Path(folder) / TOKEN_MAP_FILE).write_text(json.dumps({"target_ids": self.to_target.tolist()}))
+
+    def draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids ``(n,)`` to draft input ids ``(n,)``."""
+        return self.to_draft[target_ids]
+
+    def target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits ``(draft_vocab,)`` spread onto the target's vocabulary ``(target_vocab,)``;
+        target tokens the draft lacks (and the out-of-vocabulary slot) get -inf."""
+        out = torch.full((self.target_vocab,), float("-inf"), dtype=draft_logits.dtype, device=draft_logits.device)
+        keep = self.to_target >= 0
+        out[self.to_target[keep].to(draft_logits.device)] = draft_logits[keep.to(draft_logits.device)]
+        return out
+
+
 class DraftModelDrafter(Drafter):
     """Chain drafter backed by a smaller causal LM that shares the target's tokenizer.
 
     Args:
         draft: the draft model wrapper.
         k: speculative tokens K (gamma) per step, in ``[1, MAX_SPECULATIVE_TOKENS]``.
+        token_map: for a reduced-vocabulary draft, its :class:`TokenMap` (None: same ids).
 
     Raises:
         ValueError: when ``k`` is out of range.
@@ -48,9 +113,10 @@ class DraftModelDrafter(Drafter):
     name = "draft_model"
     source = SOURCE_DRAFT
 
-    def __init__(self, draft: CausalLM, k: int = K_KNOB.default):
+    def __init__(self, draft: CausalLM, k: int = K_KNOB.default, token_map: TokenMap | None = None):
         self.draft = draft
         self.k = K_KNOB.check(k)
+        self.token_map = token_map
         self.cache = None
         self.fed: list[int] = []  # token ids held in the draft's KV cache, in order
 
@@ -79,7 +145,9 @@ class DraftModelDrafter(Drafter):
         for i in range(k):
             # 1. Feed what the draft has not seen (the unseen tail, then each drafted token).
             feed = torch.tensor(pending if i == 0 else [drafted[-1]], dtype=torch.long)
-            logits = self.draft.forward(self.cache, feed)[-1]
+            logits = self.draft.forward(self.cache, feed if self.token_map is None else self.token_map.draft_ids(feed))[-1]
+            if self.token_map is not None:
+                logits = self.token_map.target_logits(logits)
             self.fed.extend(feed.tolist())
             # 2. Draft the next token: argmax, or a sample from q after the shared transform.
             if state.sampling.greedy:  # only ids the target has (the draft's table may be padded)

@@ -64,6 +64,8 @@ class LoadedModel:
     dtype: torch.dtype
     context_length: int
     eos_token_ids: list[int]
+    token_map: Any = None
+    """For a reduced-vocabulary draft, its ``draft_model.TokenMap``; None otherwise."""
 
 
 def _stage(progress: Progress | None, fraction: float, message: str) -> None:
@@ -341,6 +343,20 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str = "target", dra
         fail("special tokens differ")
 
 
+DEFAULT_DRAFT_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft" / "default"
+"""The draft distilled for the embedded default target (``python -m playground.training.draft``)."""
+
+
+def default_draft_spec(target_spec: str, draft_spec: str | None = None) -> str | None:
+    """The draft to load: ``draft_spec`` when given (``"none"`` for no draft); otherwise the
+    shipped distilled draft when the target is the embedded default and the draft is present."""
+    if draft_spec:
+        return None if draft_spec.lower() == "none" else draft_spec
+    if target_spec == "default" and (DEFAULT_DRAFT_DIR / "config.json").is_file():
+        return str(DEFAULT_DRAFT_DIR)
+    return None
+
+
 def load_draft(spec: str, target: LoadedModel, device: str | torch.device | None = None,
                dtype: str | torch.dtype | None = None, progress: Progress | None = None) -> LoadedModel:
     """Load a draft model (by default on the target's device, in its dtype) and check that it
@@ -350,7 +366,16 @@ def load_draft(spec: str, target: LoadedModel, device: str | torch.device | None
         ModelLoadError: as :func:`load_model`.
         TokenizerMismatchError: the vocabularies differ (see :func:`check_same_tokenizer`).
     """
+    from .draft_model import TokenMap
+
     draft = load_model(spec, target.device if device is None else device,
                        target.dtype if dtype is None else dtype, progress)
     check_same_tokenizer(target.tokenizer, draft.tokenizer, target.name, draft.name)
+    if Path(spec).is_dir():
+        try:
+            draft.token_map = TokenMap.load(spec, int(target.model.config.get_text_config().vocab_size))
+        except (ValueError, KeyError, OSError) as e:
+            raise ModelLoadError(f"draft {spec!r} has a bad token map: {e}") from e
+        if draft.token_map is not None:
+            draft.name += f" (vocabulary of {len(draft.token_map.to_target)} tokens)"
     return draft
