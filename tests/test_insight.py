@@ -1,0 +1,378 @@
+"""Insight views: theory formulas, the advisor's rules, presets, the Benchmark tab against the CLI,
+CSV/JSONL export, and the ZeroGPU path (a stand-in ``spaces`` module that forks like ZeroGPU).
+
+Formula tests compare with values computed by hand (shown in each test). Model tests use the
+embedded default model with a few new tokens only and assert on tokens and counts, never on timings.
+"""
+
+from __future__ import annotations
+
+import html
+import multiprocessing
+import pickle
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from playground import bench, bench_io, presets
+from playground.engine import theory
+from playground.engine.lookahead import LOOKAHEAD_PRESETS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+# ----- theory: hand-computed values ----------------------------------------------------------
+def test_expected_tokens_per_step_hand_values():
+    """(1 - a^(K+1)) / (1 - a): a = 0.8, K = 4 -> (1 - 0.32768) / 0.2 = 3.3616; a = 1 -> K + 1;
+    a = 0 -> 1; K = 0 -> 1; a = 0.5, K = 1 -> 1.5."""
+    assert theory.expected_tokens_per_step(0.8, 4) == pytest.approx(3.3616)
+    assert theory.expected_tokens_per_step(1.0, 4) == 5.0
+    assert theory.expected_tokens_per_step(0.0, 7) == 1.0
+    assert theory.expected_tokens_per_step(0.6, 0) == 1.0
+    assert theory.expected_tokens_per_step(0.5, 1) == pytest.approx(1.5)
+    # Continuous at alpha -> 1.
+    assert theory.expected_tokens_per_step(0.999999, 4) == pytest.approx(5.0, rel=1e-5)
+
+
+def test_expected_speedup_hand_values():
+    """Paper's form (verify cost 1): 3.3616 / (4 * 0.05 + 1) = 2.80133. With the table {1: 1, 8: 2}
+    verify_cost(5) = 1 + 4/7 = 1.571429 (linear), so 3.3616 / (0.2 + 1.571429) = 1.897677."""
+    assert theory.expected_speedup(0.8, 4, 0.05) == pytest.approx(3.3616 / 1.2)
+    table = theory.VerifyCost({1: 1.0, 8: 2.0})
+    assert table(5) == pytest.approx(1 + 4 / 7)
+    assert table(1) == 1.0 and table(8) == 2.0
+    assert table(15) == pytest.approx(3.0)  # extrapolated along the last segment
+    assert theory.expected_speedup(0.8, 4, 0.05, table) == pytest.approx(3.3616 / (0.2 + 1 + 4 / 7))
+    assert theory.expected_speedup(0.8, 4, 0.05, {1: 1.0, 8: 2.0}) == pytest.approx(1.897677, abs=1e-6)
+    assert theory.step_cost(3, 0.1, lambda n: 2.0) == pytest.approx(2.3)
+    assert theory.expected_speedup(0.3, 0, 0.5) == 1.0
+
+
+def test_optimal_k_hand_values():
+    """a = 0.8, c = 0.05, cost 1: K=7 -> 4.16114/1.35 = 3.08233, K=8 -> 4.32891/1.40 = 3.09208,
+    K=9 -> 4.46313/1.45 = 3.07802, so K = 8. With the CPU fallback table larger K costs more: K = 4
+    (1.8977 vs K=3: 2.9520/(0.15+1.4286)=1.8700 and K=5: 3.6893/(0.25+1.7143)=1.8782)."""
+    k, s = theory.optimal_k(0.8, 0.05)
+    assert k == 8 and s == pytest.approx(4.3289134 / 1.4, rel=1e-6)
+    k, s = theory.optimal_k(0.8, 0.05, theory.FALLBACK)
+    assert k == 4 and s == pytest.approx(1.897677, abs=1e-6)
+    sug = theory.suggest_k(0.8, 0.05, theory.FALLBACK)
+    assert sug.k == 4 and sug.pays_off and sug.tokens_per_step == pytest.approx(3.3616)
+    # A useless draft: alpha 0 and a costly draft -> best K is 1 and it does not pay.
+    sug = theory.suggest_k(0.0, 0.5)
+    assert sug.k == 1 and not sug.pays_off and sug.speedup == pytest.approx(1 / 1.5)
+
+
+def test_draft_cost_ratio_and_lookahead_pass():
+    """c = (1.0 s / 40 drafted) / (2.0 s / 10 steps) = 0.025 / 0.2 = 0.125; Lookahead 7B setting
+    (15, 5, 15): 1 + 15*4 + 15*4 = 121 tokens; CPU setting (5, 3, 5): 1 + 10 + 10 = 21."""
+    assert theory.draft_cost_ratio(1.0, 40, 2.0, 10) == pytest.approx(0.125)
+    assert theory.draft_cost_ratio(1.0, 0, 2.0, 10) is None
+    assert theory.lookahead_tokens_per_pass(15, 5, 15) == 121
+    assert theory.lookahead_tokens_per_pass(**LOOKAHEAD_PRESETS["cpu"]) == 21
+
+
+def test_theory_bad_input_names_the_bound():
+    with pytest.raises(ValueError, match=r"alpha must be in \[0, 1\], got 1.5"):
+        theory.expected_tokens_per_step(1.5, 2)
+    with pytest.raises(ValueError, match=r"k must be in \[0, 16\], got 17"):
+        theory.expected_speedup(0.5, 17, 0.1)
+    with pytest.raises(ValueError, match="c .* must be >= 0"):
+        theory.expected_speedup(0.5, 2, -1)
+    with pytest.raises(ValueError, match="ngram_size must be an integer >= 2"):
+        theory.lookahead_tokens_per_pass(5, 1, 5)
+    with pytest.raises(ValueError, match="n >= 1"):
+        theory.VerifyCost({0: 1.0})
+
+
+@pytest.mark.real_model
+def test_measure_verify_cost_on_the_default_model(real_target):
+    """The measured table is relative to one token (exactly 1.0 at n = 1), covers every size asked for,
+    and round-trips through plain data (what ZeroGPU pickles)."""
+    cost = theory.measure_verify_cost(real_target, sizes=(2, 5), prefix_len=32, repeats=1)
+    assert set(cost.table) == {1, 2, 5} and cost.table[1] == 1.0
+    assert all(v > 0 for v in cost.table.values()) and all(s > 0 for s in cost.seconds.values())
+    assert "measured on this device" in cost.source
+    again = theory.VerifyCost.from_dict(pickle.loads(pickle.dumps(cost.as_dict())))
+    assert again.table == cost.table
+
+
+# ----- the advisor: one test per rule -----------------------------------------------------------
+def test_rule_no_draft_means_medusa():
+    adv = presets.advise(presets.Situation(7, None, willing_to_train=True))
+    assert adv.primary == "medusa" and "no_draft_medusa" in adv.rule_ids()
+    assert adv.methods[0] == "autoregressive"
+
+
+def test_rule_same_family_draft_and_size_rule():
+    """70B -> 7B, 33B -> 7B, 13B -> 1B are inside the rule; a 2x smaller draft is not."""
+    for target_b, draft_b in ((70, 7), (33, 7), (13, 1)):
+        adv = presets.advise(presets.Situation(target_b, draft_b))
+        assert adv.primary == "draft_model", (target_b, draft_b)
+        assert "same_family_draft" in adv.rule_ids() and "draft_size" in adv.rule_ids()
+        assert presets.suggested_draft_size_b(target_b) == draft_b
+        assert presets.draft_ratio_ok(target_b, draft_b)
+    assert not presets.draft_ratio_ok(7, 3.5)
+    adv = presets.advise(presets.Situation(7, 3.5))
+    assert "too large" in dict(adv.reasons)["draft_size"]
+
+
+def test_rule_target_too_small_means_medusa_or_lookahead():
+    adv = presets.advise(presets.Situation(1.7, 0.36))
+    assert adv.primary == "lookahead" and "target_too_small" in adv.rule_ids()
+    adv = presets.advise(presets.Situation(0.135, None, willing_to_train=True))
+    assert adv.primary == "medusa" and "target_too_small" in adv.rule_ids()
+
+
+def test_rule_zero_training_means_lookahead_or_prompt_lookup():
+    adv = presets.advise(presets.Situation(7, None, willing_to_train=False))
+    assert adv.primary == "lookahead" and "zero_training" in adv.rule_ids()
+    assert "prompt_lookup" in adv.methods
+
+
+@pytest.mark.parametrize("task", ["code", "summarization"])
+def test_rule_copy_tasks_add_prompt_lookup(task):
+    adv = presets.advise(presets.Situation(70, 7, task=task))
+    assert "prompt_lookup" in adv.methods and "copy_tasks" in adv.rule_ids()
+    adv = presets.advise(presets.Situation(7, None, task=task))  # zero training + copying: prompt lookup first
+    assert adv.primary == "prompt_lookup"
+    assert "copy_tasks" not in presets.advise(presets.Situation(70, 7, task="chat")).rule_ids()
+
+
+@pytest.mark.parametrize("appetite,k", [("conservative", 2), ("default", 4), ("aggressive", 8)])
+def test_rule_k_defaults(appetite, k):
+    adv = presets.advise(presets.Situation(70, 7, appetite=appetite))
+    assert adv.params["draft_model"] == {"k": k} and "k_defaults" in adv.rule_ids()
+
+
+@pytest.mark.parametrize("size,w,n", [(7, 15, 5), (13, 10, 5), (33, 7, 5), (70, 7, 5)])
+def test_rule_lookahead_size(size, w, n):
+    la = presets.lookahead_settings(size)
+    assert (la["window"], la["ngram_size"], la["guess_set_size"]) == (w, n, w)
+    adv = presets.advise(presets.Situation(size, None))
+    assert adv.params["lookahead"]["window"] == w and "lookahead_size" in adv.rule_ids()
+
+
+def test_rule_medusa_threshold_explained():
+    adv = presets.advise(presets.Situation(7, None, willing_to_train=True))
+    assert adv.params["medusa"] == {"posterior_threshold": 0.09, "posterior_alpha": 0.3}
+    assert "medusa_threshold" in adv.rule_ids()
+    assert "stricter" in presets.RULES["medusa_threshold"].guidance
+
+
+def test_measurements_here_disagree_on_cpu():
+    """On a CPU the advice says where our measurements disagree (smaller K, small Lookahead window)."""
+    adv = presets.advise(presets.Situation(70, 7, device="cpu"))
+    assert any("K = 2" in n for n in adv.measured_notes)
+    adv = presets.advise(presets.Situation(7, None, device="cpu"))
+    assert adv.params["lookahead"] == LOOKAHEAD_PRESETS["cpu"]
+    assert any("121 tokens" in n for n in adv.measured_notes)
+    assert not presets.advise(presets.Situation(70, 7, device="gpu")).measured_notes
+
+
+def test_bad_situation_is_a_clear_error():
+    with pytest.raises(ValueError, match="target size must be > 0"):
+        presets.advise(presets.Situation(0))
+    with pytest.raises(ValueError, match="draft must be smaller"):
+        presets.advise(presets.Situation(7, 13))
+    with pytest.raises(ValueError, match="task must be one of"):
+        presets.advise(presets.Situation(7, task="poetry"))
+
+
+def test_presets_and_command_line():
+    p = presets.PRESETS
+    assert p["default"].target == "default" and p["default"].offline
+    assert p["smollm2-1.7b"].drafts == ("HuggingFaceTB/SmolLM2-360M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert p["qwen2.5-7b"].draft == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert p["vicuna-7b-medusa"].medusa == "FasterDecoding/medusa-vicuna-7b-v1.3"
+    assert p["llama-2-70b"].draft.startswith("meta-llama/Llama-2-7b")
+    import app
+
+    args = app.parse_args(["--preset", "qwen2.5-7b"])
+    assert (args.target, args.draft) == ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct")
+    assert app.parse_args(["--preset", "qwen2.5-7b", "--target", "default"]).target == "default"
+    with pytest.raises(SystemExit):
+        app.parse_args(["--preset", "no-such-preset"])
+
+
+def test_hub_preset_fails_with_the_loaders_message(monkeypatch, tmp_path):
+    """Without a hub, a hub preset raises ModelLoadError (a message, not a crash)."""
+    from playground.engine.models import ModelLoadError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(ModelLoadError):
+        presets.load_preset("qwen2.5-7b", "cpu", "float32")
+    with pytest.raises(ValueError, match="unknown preset"):
+        presets.load_preset("nope")
+
+
+# ----- benchmark tab = CLI; export round trip -----------------------------------------------------
+def _record(qid, cat, turn, method, tokens, steps, wall, ids, text="x", proposed=0, accepted=0):
+    return {"question_id": qid, "category": cat, "turn": turn, "method": method, "params": {},
+            "new_tokens": tokens, "steps": steps, "wall_s": wall, "ttft_s": 0.01, "tokens_per_s": tokens / wall,
+            "mean_accepted_tokens": tokens / steps, "acceptance_rate": accepted / proposed if proposed else None,
+            "proposed": proposed, "accepted": accepted, "output_ids": ids, "output_text": text,
+            "finish_reason": "length", "margins": [1.0] * len(ids), "temperature": 0.0, "dtype": "float32",
+            "target": "t"}
+
+
+RECORDS = [
+    _record(1, "writing", 0, "autoregressive", 8, 8, 1.0, [1, 2, 3]),
+    _record(1, "writing", 0, "prompt_lookup", 8, 4, 0.5, [1, 2, 3], proposed=10, accepted=4),
+    _record("HumanEval/0", "humaneval", 0, "autoregressive", 6, 6, 2.0, [4, 5], text='say "hi",\nthen ✓'),
+    _record("HumanEval/0", "humaneval", 0, "prompt_lookup", 6, 2, 0.5, [4, 6], text="", proposed=8, accepted=4),
+]
+
+
+def test_bench_tab_table_equals_the_cli_table():
+    """The tab's detail lines are the CLI's printed cells, and its leaderboard holds the summary's numbers."""
+    from playground.ui import bench_tab
+
+    rows, header, lines, detail = bench_tab.tables(RECORDS)
+    printed = bench.format_table(bench.summarize(RECORDS))
+    cli_lines = [re.split(r"\s{2,}", ln.strip()) for ln in printed.splitlines()
+                 if ln and not ln.startswith("==") and not ln.startswith("method")]
+    assert [d[1:] for d in detail] == cli_lines
+    # writing: 8/0.5 over 8/1.0 = 2.0x; humaneval: 12 over 3 = 4.0x; overall 14/1.0 over 14/3.0 = 3.0x.
+    assert header == ["method", "writing speedup", "humaneval speedup", "overall speedup", "tau", "tokens/s",
+                      "lossless"]
+    pl = next(ln for ln in lines if ln[0] == "prompt_lookup")
+    assert pl[1:4] == [2.0, 4.0, 3.0] and pl[4] == round(14 / 6, 2) and pl[5] == 14.0
+    assert pl[6].startswith("no (1/2 differ")
+
+
+def test_export_round_trip():
+    """JSONL is byte for byte what the CLI writes, and CSV gives back equal records (ids, None,
+    quotes, newlines, unicode, string ids, empty text)."""
+    jsonl = bench_io.to_jsonl(RECORDS)
+    assert jsonl == "".join(bench.record_line(r) for r in RECORDS)
+    assert bench_io.from_jsonl(jsonl) == RECORDS
+    assert bench_io.from_csv(bench_io.to_csv(RECORDS)) == RECORDS
+    with pytest.raises(ValueError, match="line 1"):
+        bench_io.from_jsonl("[1]\n")
+
+
+@pytest.mark.real_model
+def test_bench_tab_run_matches_the_cli_summary(real_target, tmp_path):
+    """A tiny benchmark from the tab (1 question, 8 new tokens): its JSONL download read back and
+    summarised by the CLI's functions gives exactly the tab's table."""
+    from playground.engine.compare import Engine
+    from playground.ui import bench_tab
+
+    engine = Engine(real_target)
+    knobs = [k.default for _, k in bench_tab.knob_keys()]
+    updates = list(bench_tab.run_benchmark(engine, "Spec-Bench dev (bundled)", None, ["writing"],
+                                           ["autoregressive", "prompt_lookup"], 1, 8, False, *knobs))
+    final = updates[-1]
+    assert final[0].startswith("Done: 4 records"), final[0]
+    csv_path, jsonl_path = final[6], final[7]
+    records = bench_io.from_jsonl(Path(jsonl_path).read_text(encoding="utf-8"))
+    assert len(records) == 4 and {r["method"] for r in records} == {"autoregressive", "prompt_lookup"}
+    assert bench_io.from_csv(Path(csv_path).read_text(encoding="utf-8")) == records
+    rows = bench.summarize(records)
+    assert final[3].value["data"] == [[r["category"], *bench.table_cells(r)] for r in rows]
+    assert final[2].value["data"] == bench.leaderboard(rows)[1]
+    # Bad input: a message, never an exception.
+    bad = list(bench_tab.run_benchmark(engine, "Spec-Bench dev (bundled)", None, [], ["autoregressive"], 1, 8,
+                                       False, *knobs))
+    assert len(bad) == 1 and "no category is ticked" in bad[0][0]
+
+
+# ----- ZeroGPU: a stand-in `spaces` that forks ------------------------------------------------------
+def _child(fn, conn):
+    """In the forked child: read pickled args, run ``fn``, send each pickled item, then ("done",)."""
+    try:
+        args, kwargs = pickle.loads(conn.recv_bytes())
+        result = fn(*args, **kwargs)
+        if isinstance(result, types.GeneratorType):
+            for item in result:
+                conn.send_bytes(pickle.dumps(("item", item)))
+        else:
+            conn.send_bytes(pickle.dumps(("item", result)))
+        conn.send_bytes(pickle.dumps(("done", None)))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        conn.send_bytes(pickle.dumps(("error", f"{type(e).__name__}: {e}")))
+    finally:
+        conn.close()
+
+
+def make_spaces_standin() -> types.ModuleType:
+    """A module with ``GPU(duration=...)`` that runs the function in a forked process (multiprocessing
+    'fork'), pickling the arguments and every yielded value through a pipe, as ZeroGPU does."""
+    mod = types.ModuleType("spaces")
+    mod.calls = []
+
+    def GPU(duration=60):  # noqa: N802 - the real API's name
+        def wrap(fn):
+            is_gen = fn.__code__.co_flags & 0x20
+
+            def run(*args, **kwargs):
+                seconds = duration(*args, **kwargs) if callable(duration) else duration
+                mod.calls.append((fn.__name__, seconds))
+                ctx = multiprocessing.get_context("fork")
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_child, args=(fn, child), daemon=True)
+                proc.start()
+                child.close()
+                parent.send_bytes(pickle.dumps((args, kwargs)))
+                try:
+                    while True:
+                        kind, item = pickle.loads(parent.recv_bytes())
+                        if kind == "done":
+                            return
+                        if kind == "error":
+                            raise RuntimeError(f"in the GPU process: {item}")
+                        yield item
+                finally:
+                    parent.close()
+                    proc.join(timeout=60)
+
+            if is_gen:
+                return run
+
+            def call(*args, **kwargs):
+                return next(run(*args, **kwargs))
+            return call
+        return wrap
+
+    mod.GPU = GPU
+    return mod
+
+
+@pytest.mark.real_model
+def test_zerogpu_forked_path_equals_the_normal_path(real_target):
+    """The run handler gives the same panels, badges and per-step counts whether the model runs in
+    this process or in a forked one behind the stand-in ``@spaces.GPU`` (everything pickled)."""
+    import torch
+
+    from playground.engine.compare import Engine
+    from playground.ui import worker
+    from playground.ui.app import run_arguments, run_comparison
+
+    torch.set_num_threads(1)
+    engine = Engine(real_target)
+    spaces = make_spaces_standin()
+    gpu_run = worker.decorate(worker.stream_run, worker.run_duration, spaces_module=spaces)
+    gpu_measure = worker.decorate(worker.measure, 60, spaces_module=spaces)
+    args = run_arguments("Repeat: the cat sat on the mat. The cat sat on the mat.",
+                         ["autoregressive", "prompt_lookup"], max_new_tokens=10)
+
+    def final(stream):
+        out = list(run_comparison(engine, *args, stream=stream))
+        return out[-1]
+
+    normal, forked = final(None), final(gpu_run)
+    assert [c for c in spaces.calls if c[0] == "stream_run"], "the decorated function was not used"
+    assert spaces.calls[0][1] == worker.run_duration("k", "", [{}, {}], {"max_new_tokens": 10})
+    assert "Done in" in html.unescape(forked[0])
+    for i in (1, 3, 4, 6):  # panels' HTML and the lossless badges
+        assert forked[i] == normal[i]
+    assert "matches the baseline" in forked[6]
+    assert forked[-1]["methods"]["prompt_lookup"]["tokens_per_step"] == \
+        normal[-1]["methods"]["prompt_lookup"]["tokens_per_step"]
+    cost = gpu_measure(worker.register(engine), [2])
+    assert cost["table"][1] == 1.0 and set(cost["table"]) == {1, 2}
