@@ -307,6 +307,10 @@ def run_comparison(engine: Engine, *values, stream=None) -> Iterator[tuple]:
 
 # ----- the page ---------------------------------------------------------------------------
 def _knob_input(knob: Knob, elem_id: str, interactive: bool = True):
+    if not hasattr(knob, "maximum"):  # a setting chosen by name (ChoiceKnob): a dropdown
+        return gr.Dropdown(list(knob.choices), value=knob.default, label=knob.label, info=knob.info,
+                           elem_id=elem_id, interactive=interactive,
+                           allow_custom_value=getattr(knob, "parse", None) is not None)
     if knob.maximum - knob.minimum > NUMBER_BOX_RANGE:
         return gr.Number(value=knob.default, minimum=knob.minimum, maximum=knob.maximum, precision=0,
                          step=knob.step, label=knob.label, info=knob.info, elem_id=elem_id,
