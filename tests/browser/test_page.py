@@ -102,3 +102,86 @@ def test_run_two_methods_in_the_page(browser, url):
         page.screenshot(path=str(SCREENSHOT), full_page=True)
     finally:
         page.close()
+
+
+SHOTS = ROOT / "artifacts" / "screenshots"
+
+
+@pytest.mark.real_model
+def test_insight_tabs_and_a_tiny_benchmark(browser, url):
+    """A short run fills the per-run charts; the Theory tab measures this device and draws its chart;
+    the Advisor applies its advice to the Playground tab; the Benchmark tab runs 1 question x 8 new
+    tokens (autoregressive + prompt lookup) and shows the leaderboard, charts, downloads and the
+    published reference table. Screenshots of each go to artifacts/screenshots/."""
+    from playwright.sync_api import expect
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(url)
+        expect(page.locator("#prompt textarea")).to_be_visible(timeout=60_000)
+        # Lookahead's settings show the tokens per forward pass next to W/N/G.
+        page.get_by_text("Lookahead settings", exact=True).click()
+        expect(page.locator("#lookahead-pass")).to_contain_text("Tokens per forward pass")
+        page.get_by_text("Lookahead settings", exact=True).click()
+
+        # 1. A short run fills the per-run charts under the panels.
+        page.locator("#prompt textarea").fill(PROMPT)
+        for m in ("draft_model", "lookahead", "medusa"):
+            box = page.locator(f"#use-{m} input[type=checkbox]")
+            if box.count() and box.is_enabled() and box.is_checked():
+                box.uncheck()
+        page.locator("#use-autoregressive input[type=checkbox]").check()
+        page.locator("#use-prompt_lookup input[type=checkbox]").check()
+        page.get_by_text("Generation settings", exact=True).click()
+        max_new = page.locator("#gen-max_new_tokens input[type=number]")
+        max_new.fill("16")
+        max_new.press("Enter")
+        page.get_by_text("Generation settings", exact=True).click()
+        page.locator("#run").click()
+        expect(page.locator("#status")).to_contain_text("Done", timeout=RUN_TIMEOUT_MS)
+        for chart in ("steps-chart", "steps-hist", "position-chart", "split-chart"):
+            expect(page.locator(f"#{chart} .js-plotly-plot").first).to_be_visible(timeout=30_000)
+        expect(page.locator("#steps-chart")).to_contain_text("Prompt lookup", timeout=30_000)
+        page.locator("#steps-chart").scroll_into_view_if_needed()
+        page.screenshot(path=str(SHOTS / "run_insight_charts.png"), full_page=True)
+
+        # 2. Theory: the verify cost is measured on first opening; the optimal K is shown.
+        page.get_by_role("tab", name="Theory").click()
+        expect(page.locator("#theory-summary")).to_contain_text("measured on this device", timeout=RUN_TIMEOUT_MS)
+        expect(page.locator("#theory-summary")).to_contain_text("Optimal K")
+        expect(page.locator("#theory-chart .js-plotly-plot").first).to_be_visible()
+        expect(page.locator("#theory-chart")).to_contain_text("measured: Prompt lookup", timeout=30_000)
+        page.screenshot(path=str(SHOTS / "theory.png"), full_page=True)
+
+        # 3. Advisor: its advice (with reasons) is applied to the Playground tab.
+        page.get_by_role("tab", name="Advisor").click()
+        expect(page.locator("#advisor-output")).to_contain_text("Recommended")
+        expect(page.locator("#advisor-output")).to_contain_text("Where our measurements disagree")
+        page.locator("#advisor-apply").click()
+        expect(page.locator("#advisor-applied")).to_contain_text("Applied to the Playground tab")
+        page.screenshot(path=str(SHOTS / "advisor.png"), full_page=True)
+
+        # 4. Benchmark: 1 question, 8 new tokens, autoregressive + prompt lookup, no warm-up.
+        page.get_by_role("tab", name="Benchmark").click()
+        for elem, value in (("bench-limit", "1"), ("bench-max-new-tokens", "8")):
+            box = page.locator(f"#{elem} input[type=number]")
+            box.fill(value)
+            box.press("Enter")
+            expect(box).to_have_value(value)
+        page.locator("#bench-warmup input[type=checkbox]").uncheck()
+        page.locator("#bench-run").click()
+        expect(page.locator("#bench-status")).to_contain_text("Done", timeout=RUN_TIMEOUT_MS)
+        expect(page.locator("#bench-table")).to_contain_text("prompt_lookup")
+        expect(page.locator("#bench-detail")).to_contain_text("overall")
+        expect(page.locator("#bench-progress")).to_contain_text("100%")
+        expect(page.locator("#bench-speedup .js-plotly-plot").first).to_be_visible()
+        expect(page.locator("#bench-tau .js-plotly-plot").first).to_be_visible()
+        expect(page.locator("#bench-jsonl")).to_contain_text("results.jsonl")
+        expect(page.locator("#bench-csv")).to_contain_text("results.csv")
+        page.get_by_text("Published Spec-Bench leaderboard: measured elsewhere on other hardware").click()
+        expect(page.locator("#bench-reference")).to_contain_text("EAGLE2")
+        page.screenshot(path=str(SHOTS / "benchmark.png"), full_page=True)
+        page.locator("#bench-speedup").screenshot(path=str(SHOTS / "benchmark_speedup_chart.png"))
+    finally:
+        page.close()
