@@ -4,10 +4,13 @@
 :func:`launch_options` gives the theme and CSS that Gradio 6 takes in ``launch()``.
 
 The run handler is a plain generator over plain values: its arguments are the input
-components' values in :func:`input_names` order, and every value it yields is a string, a
-Plotly figure or (after bad input) ``gr.skip()``, so it stays picklable (ZeroGPU's ``@spaces.GPU`` runs the
-handler in a forked process). All per-run state lives in local variables of one call;
-the module keeps none, so concurrent sessions cannot see each other's runs.
+components' values in :func:`input_names` order. The model runs in :mod:`.worker`, whose
+functions take and yield plain data only (ZeroGPU's ``@spaces.GPU`` runs them in a forked
+process and pickles both ways); this module turns their dicts into HTML and figures. All
+per-run state lives in local variables of one call; the module keeps none, so concurrent
+sessions cannot see each other's runs. The page has four tabs: Playground (this module, with
+the insight charts of :mod:`.insight`), Benchmark (:mod:`.bench_tab`), Theory
+(:mod:`.theory_tab`) and Advisor (:mod:`.advisor_tab`).
 """
 
 from __future__ import annotations
