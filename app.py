@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--draft", default=None,
                    help="draft model for the draft_model method (same tokenizer as the target); with the "
                         "default target, the draft distilled for it in assets/draft/default loads unless 'none'")
+    p.add_argument("--medusa", default=None, metavar="PATH_OR_HUB_ID",
+                   help="Medusa heads for the medusa method (reference format); with the default target, the "
+                        "heads trained for it in assets/medusa/default load unless 'none'")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="weights' precision; auto = bfloat16 on CUDA and on CPUs with native bf16, else float32")
@@ -105,6 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         draft_spec = default_draft_spec(args.target, args.draft)
         if draft_spec:
             draft = load_draft(draft_spec, target, device, dtype, progress=_progress("draft"))
+        from playground.engine.medusa import heads_spec, load_heads
+
+        medusa = None
+        medusa_spec = heads_spec(args.target, args.medusa)
+        if medusa_spec:
+            print(f"[    ] medusa: loading heads {medusa_spec}", flush=True)
+            medusa = load_heads(medusa_spec, target)
     except (ModelLoadError, ValueError) as e:
         print(f"\nerror: {e}", file=sys.stderr, flush=True)
         return 1
@@ -112,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from playground.ui import build_demo, launch_options
 
-    demo = build_demo(Engine(target, draft))
+    demo = build_demo(Engine(target, draft, medusa=medusa))
     try:
         demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True,
                     **launch_options())

@@ -75,6 +75,7 @@ KNOB_FLAGS: dict[str, tuple[str, ...]] = {
     "posterior_threshold": ("posterior_threshold",),
     "posterior_alpha": ("posterior_alpha",),
     "tree": ("tree_choices", "tree"),
+    "acceptance": ("acceptance",),
 }
 
 
@@ -318,7 +319,7 @@ def summarize(records: list[dict], baseline: str = BASELINE, lossless: Iterable[
             greedy = all(float(r.get("temperature") or 0.0) == 0.0 for r in rs)
             if m == baseline:
                 cell, detail = "baseline", {}
-            elif m in lossless and greedy and base_records:
+            elif m in lossless and greedy and base_records and all(_lossless_params(m, r) for r in rs):
                 cell, detail = _lossless_cell(rs, base_by_key)
             else:
                 cell, detail = "-", {}
@@ -366,6 +367,32 @@ def leaderboard(rows: list[dict]) -> tuple[list[str], list[list]]:
         lines.append([m] + [rnd(by[(c, m)]["speedup"]) if (c, m) in by else None for c in cats]
                      + [rnd(overall["speedup"]), rnd(overall["tau"]), rnd(overall["tokens_per_s"]), overall["lossless"]])
     return header, lines
+
+
+def _lossless_params(method: str, record: dict) -> bool:
+    """Whether the method with this record's params must match the baseline (Medusa's typical
+    acceptance does not)."""
+    from playground.engine.compare import METHODS, is_lossless
+
+    return method not in METHODS or is_lossless(method, record.get("params") or {})
+
+
+def medusa_summary(engine, records: list[dict], tree) -> str:
+    """Lines naming the Medusa tree used and each head's acceptance over the medusa records."""
+    from playground.engine.medusa import head_acceptance
+    from playground.engine.medusa_trees import TREE_KNOB
+
+    rs = [r for r in records if r["method"] == "medusa" and r.get("accepted_at") is not None]
+    if not rs:
+        return ""
+    depth = max(len(r["accepted_at"]) for r in rs)
+    acc = [sum(r["accepted_at"][i] for r in rs if i < len(r["accepted_at"])) for i in range(depth)]
+    prop = [sum(r["proposed_at"][i] for r in rs if i < len(r["proposed_at"])) for i in range(depth)]
+    heads = head_acceptance({"per_position_acceptance": [a / p if p else 0.0 for a, p in zip(acc, prop)]})
+    lines = [f"medusa tree: {engine.medusa_tree_description(tree if tree is not None else TREE_KNOB.default)}",
+             "medusa per-head acceptance (share of steps accepting head k's token; given head k-1 accepted): " +
+             ", ".join(f"head {h['head']} {h['rate']:.1%} ({h['conditional']:.1%})" for h in heads)]
+    return "\n".join(lines) + "\n"
 
 
 def format_table(rows: list[dict]) -> str:
@@ -434,6 +461,7 @@ def run_method(engine, prompt_ids: list[int], spec, settings) -> dict:
         "tokens_per_s": stats.tokens_per_s, "mean_accepted_tokens": stats.tau, "acceptance_rate": stats.alpha,
         "proposed": stats.proposed, "accepted": stats.accepted, "finish_reason": out.last.finish_reason,
         "output_ids": out.ids, "output_text": out.text, "margins": [round(x, 5) for x in out.margins],
+        "accepted_at": list(stats.accepted_at), "proposed_at": list(stats.proposed_at),
     }
 
 
@@ -570,6 +598,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--posterior-threshold", type=float, help="medusa: typical-acceptance threshold")
     g.add_argument("--posterior-alpha", type=float, help="medusa: typical-acceptance alpha")
     g.add_argument("--tree", help="medusa: candidate tree (preset name or JSON list of paths)")
+    g.add_argument("--acceptance", choices=("exact", "typical"),
+                   help="medusa: exact (lossless, the default) or typical acceptance (uses --posterior-*)")
     return ap
 
 
@@ -593,9 +623,16 @@ def load_engine(args: argparse.Namespace, methods: list[str]):
         draft_spec = models.default_draft_spec(args.target, getattr(args, "draft", None))
         if draft_spec and any(METHODS[m].needs_draft for m in methods):
             draft = models.load_draft(draft_spec, target, device, args.dtype, log)
+        from playground.engine.medusa import heads_spec, load_heads
+
+        medusa = None
+        medusa_spec = heads_spec(args.target, getattr(args, "medusa", None))
+        if medusa_spec and "medusa" in methods:
+            log(0.0, f"loading Medusa heads {medusa_spec}")
+            medusa = load_heads(medusa_spec, target)
     except (models.ModelLoadError, ValueError) as e:
         raise BenchError(str(e)) from None
-    engine = Engine(target, draft)
+    engine = Engine(target, draft, medusa=medusa)
     for m in methods:
         reason = engine.unavailable_reason(m)
         if reason:
@@ -663,8 +700,8 @@ def _main(args: argparse.Namespace) -> int:
                          "the target's tokenizer: a hub id, a model folder or a .gguf file)")
     if args.draft and not needs_draft:
         print("note: --draft is loaded only for methods that need it; none is chosen", file=sys.stderr)
-    if args.medusa:
-        print("note: --medusa is not used yet: this engine has no Medusa support", file=sys.stderr)
+    if args.medusa and "medusa" not in methods:
+        print("note: --medusa is loaded only for the medusa method, which is not chosen", file=sys.stderr)
     out_path = Path(args.out)
     try:
         out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -715,6 +752,8 @@ def _main(args: argparse.Namespace) -> int:
     print(f"\n{target.name}, {dtype}, {target.device}, max_new_tokens {settings.max_new_tokens}, "
           f"temperature {settings.sampling.temperature}")
     print(format_table(summarize(records)), end="")
+    if "medusa" in methods:
+        print(medusa_summary(engine, records, params["medusa"].get("tree_choices")), end="")
     return 0
 
 

@@ -98,8 +98,11 @@ def test_summary_not_applicable_cases():
     sampled = [rec(1, "autoregressive", 4, 1.0, 4, [1, 2, 3, 4], temperature=0.7),
                rec(1, "prompt_lookup", 4, 1.0, 4, [4, 3, 2, 1], temperature=0.7)]
     assert row(bench.summarize(sampled), "overall", "prompt_lookup")["lossless"] == "-"
-    lossy = [rec(1, "autoregressive", 4, 1.0, 4, [1]), rec(1, "medusa", 4, 1.0, 2, [2])]
+    typical = dict(rec(1, "medusa", 4, 1.0, 2, [2]), params={"acceptance": "typical"})  # lossy by design
+    lossy = [rec(1, "autoregressive", 4, 1.0, 4, [1]), typical]
     assert row(bench.summarize(lossy), "overall", "medusa")["lossless"] == "-"
+    exact = [rec(1, "autoregressive", 4, 1.0, 4, [1]), rec(1, "medusa", 4, 1.0, 2, [2])]  # exact: judged
+    assert row(bench.summarize(exact), "overall", "medusa")["lossless"].startswith("no")
     alone = bench.summarize([rec(1, "prompt_lookup", 4, 2.0, 2, [1])])
     assert alone[0]["speedup"] is None and alone[0]["lossless"] == "-"
     assert "-" in bench.format_table(alone)

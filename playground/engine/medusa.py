@@ -329,6 +329,15 @@ def default_heads_path(target_spec: str) -> Path | None:
     return None
 
 
+def heads_spec(target_spec: str, medusa_spec: str | None = None) -> str | None:
+    """The heads to load: ``medusa_spec`` when given (``"none"`` for none); otherwise the shipped
+    heads when the target is the embedded default and they are present (``assets/medusa/default``)."""
+    if medusa_spec:
+        return None if medusa_spec.lower() == "none" else medusa_spec
+    path = default_heads_path(target_spec)
+    return str(path) if path is not None else None
+
+
 # ----- drafters ----------------------------------------------------------------------------------
 class MedusaDrafter(Drafter):
     """Medusa-1 decoding: the heads' top-k tokens on the target's last hidden state fill a tree.

@@ -1,0 +1,80 @@
+"""Medusa-1 training: a short run on a tiny random model lowers the loss and raises head accuracy;
+the command line trains and saves heads in the reference format that the engine loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from helpers import FakeLoaded, tiny_llama
+from playground.engine.medusa import MedusaHeads, load_heads
+from playground.training.medusa import IGNORE, _positions, collect_features, evaluate, train_heads
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+
+def _greedy_records(model, n: int, length: int, seed: int) -> list[dict]:
+    """Conversations whose answers are the model's own greedy continuations (self-distillation)."""
+    g = torch.Generator().manual_seed(seed)
+    records = []
+    for _ in range(n):
+        prompt = torch.randint(0, 64, (6,), generator=g).tolist()
+        ids = model.generate(torch.tensor([prompt]), max_new_tokens=length, do_sample=False,
+                             pad_token_id=0)[0].tolist()
+        records.append({"input_ids": ids, "prompt_len": len(prompt)})
+    return records
+
+
+def test_positions_and_labels():
+    """Positions run from the last prompt token to the third-last token; head k's label is the
+    token k + 2 ahead (IGNORE past the end)."""
+    positions, labels = _positions([10, 11, 12, 13, 14, 15], prompt_len=3, num_heads=2)
+    assert positions == [2, 3]
+    assert labels == [[14, 15], [15, IGNORE]]
+
+
+def test_short_training_run_lowers_the_loss():
+    """40 steps on self-distilled data of a tiny model lower the weighted loss (mean of the last
+    10 steps below 80% of the first 10) and raise head 1's held-out top-1 accuracy above the
+    identity heads' (zero-initialised blocks)."""
+    model = tiny_llama(0).requires_grad_(False)
+    records = _greedy_records(model, 24, 40, seed=1)
+    train = collect_features(model, records[:20], num_heads=2, batch_size=4, progress=False)
+    held = collect_features(model, records[20:], num_heads=2, batch_size=4, progress=False)
+    heads = MedusaHeads(32, 64, 2, 1).attach_lm_head(model.get_output_embeddings())
+    before, _ = evaluate(heads, held)
+    history = train_heads(heads, train, max_steps=40, batch_size=32, lr=1e-2, progress=False)
+    after, _ = evaluate(heads, held)
+    first, last = sum(history[:10]) / 10, sum(history[-10:]) / 10
+    assert last < 0.8 * first, (first, last)
+    assert after[0][0] > before[0][0], (before[0][0], after[0][0])
+
+
+def test_command_line_trains_and_saves(tmp_path, monkeypatch):
+    """``python -m playground.training.medusa`` on a tiny model folder and a JSONL file writes
+    config.json and medusa_lm_head.safetensors (no per-head projection with the shared lm_head)
+    with the held-out accuracy, and the engine loads the result."""
+    from playground.training import medusa as trainer
+
+    model = tiny_llama(0)
+    folder = tmp_path / "tiny"
+    model.save_pretrained(folder)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _greedy_records(model, 8, 20, seed=2)))
+
+    class _Loaded(FakeLoaded):
+        spec = str(folder)
+        device = torch.device("cpu")
+
+    monkeypatch.setattr("playground.engine.models.load_model", lambda *a, **k: _Loaded(model))
+    out = tmp_path / "heads"
+    rc = trainer.main(["--target", str(folder), "--data", str(data), "--out", str(out), "--heads", "3",
+                       "--max-steps", "5", "--batch-size", "16", "--no-progress"])
+    assert rc == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["medusa_num_heads"] == 3 and config["medusa_num_layers"] == 1
+    assert len(config["top_k_accuracy"]) == 3 and len(config["top_k_accuracy"][0]) == 10
+    heads = load_heads(out, FakeLoaded(model))
+    assert heads.share_lm_head and heads.num_heads == 3 and heads.top_k_accuracy is not None
