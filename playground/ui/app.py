@@ -26,12 +26,12 @@ from typing import Any, Iterator
 import gradio as gr
 
 from playground.engine.compare import BASELINE, METHODS, SOURCE_LABELS, Engine, MethodSpec, RunOutput, \
-    check_lossless
+    check_lossless, is_lossless
 from playground.engine.decoding import GenerationSettings
 from playground.engine.limits import GENERATION_KNOBS, Knob
 from playground.engine.sampling import SamplingConfig
 
-from . import advisor_tab, bench_tab, charts, insight, render, theory_tab, worker
+from . import advisor_tab, bench_tab, charts, insight, medusa_panel, render, theory_tab, worker
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +179,11 @@ class _RunView:
 
     def _stats_line(self, m: str) -> str:
         base = self.stats.get(BASELINE, {}).get("tokens_per_s") if BASELINE in self.chosen else None
-        return render.stats_line(self.stats[m], baseline_tokens_per_s=base or None, is_baseline=m == BASELINE,
+        line = render.stats_line(self.stats[m], baseline_tokens_per_s=base or None, is_baseline=m == BASELINE,
                                  finish_reason=self.reasons[m])
+        if m == "medusa":  # acceptance of each head (depth d of the tree = head d)
+            line += "\n\n" + medusa_panel.head_acceptance_markdown(self.stats[m])
+        return line
 
     def _badge(self, m: str) -> str:
         info = METHODS[m]
@@ -188,6 +191,9 @@ class _RunView:
             return render.badge("info", "this is the reference output the other methods are checked against")
         if not info.lossless:
             return render.badge("info", "this method is not lossless by design: its output may differ")
+        if not is_lossless(m, self.outputs[m].params):  # e.g. Medusa with typical acceptance
+            return render.badge("info", "typical acceptance trades exactness for speed: the output may differ "
+                                        "from the baseline's")
         if not self.greedy:
             return render.badge("info", "sampling (temperature > 0): the token-for-token check applies "
                                         "to greedy decoding only")
@@ -371,6 +377,9 @@ def build_demo(engine: Engine) -> gr.Blocks:
                             if info.knobs:
                                 with gr.Accordion(f"{info.label} settings", open=False):
                                     knobs += [_knob_input(k, f"{m}-{k.name}", available[m]) for k in info.knobs]
+                                    if m == "medusa":  # tree presets, custom tree editor, tree picture
+                                        medusa_panel.build(engine, dict(zip([k.name for k in info.knobs],
+                                                                            knobs[-len(info.knobs):])))
                                     if m == "lookahead":  # tokens per pass next to W/N/G, and presets
                                         insight.lookahead_controls(dict(zip([k.name for k in info.knobs],
                                                                             knobs[-len(info.knobs):])))

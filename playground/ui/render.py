@@ -16,6 +16,9 @@ SOURCE_COLORS: dict[str, str] = {
     "prompt_lookup": "#fde68a",  # amber: copied from the prompt and accepted
     "draft": "#bbf7d0",          # green: proposed by the draft model and accepted
     "lookahead": "#fbcfe8",      # pink
+    # Medusa: one shade per head, from violet (head 1) through orange to teal (head 5)
+    "medusa_head_1": "#ddd6fe", "medusa_head_2": "#c4b5fd", "medusa_head_3": "#fed7aa",
+    "medusa_head_4": "#fdba74", "medusa_head_5": "#99f6e4",
 }
 """Background colour of each token source (light shades: tokens keep dark text in both themes)."""
 
