@@ -122,15 +122,16 @@ class MedusaHeads(nn.Module):
         self._lm_head = [lm_head]
         return self
 
-    def residual(self, hidden: torch.Tensor) -> torch.Tensor:
+    def residual(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         """``(..., hidden_size)`` -> ``(..., num_heads, hidden_size)``: each head's blocks (shared-lm_head heads)."""
-        return torch.stack([head[:self.num_layers](hidden) for head in self.heads], dim=-2)
+        return torch.stack([head[:self.num_layers](hidden) for head in self.heads[:num_heads]], dim=-2)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         """Head logits.
 
         Args:
             hidden: ``(..., hidden_size)`` last hidden states (after the base model's final norm).
+            num_heads: compute only the first ``num_heads`` heads (a shallow tree needs no more).
 
         Returns:
             ``(..., num_heads, vocab_size)``; ``[..., k, :]`` predicts the token k+2 positions on.
@@ -141,10 +142,10 @@ class MedusaHeads(nn.Module):
             if not self._lm_head:
                 raise RuntimeError("these Medusa heads share the base model's lm_head: call attach_lm_head first")
             lm_head = self._lm_head[0]
-            x = self.residual(hidden)
+            x = self.residual(hidden, num_heads)
             weight = getattr(lm_head, "weight", None)
             return lm_head(x if weight is None else x.to(weight.dtype))  # one matmul for all heads
-        return torch.stack([head(hidden) for head in self.heads], dim=-2)
+        return torch.stack([head(hidden) for head in self.heads[:num_heads]], dim=-2)
 
     # ----- the reference format ------------------------------------------------------------------
     def reference_state_dict(self) -> dict[str, torch.Tensor]:
@@ -380,8 +381,9 @@ class MedusaDrafter(Drafter):
             raise ValueError(f"MedusaDrafter needs the target's last hidden state of shape "
                              f"({self.heads.hidden_size},), got "
                              f"{None if state.hidden is None else tuple(state.hidden.shape)}")
-        # 2. Every head's top-k tokens from the hidden state at the root's parent (one matmul).
-        logits = self.heads(state.hidden)[:, :state.vocab_size]  # (num_heads, vocab_size)
+        # 2. The top-k tokens of every head the tree reaches, from the hidden state at the root's parent.
+        depth = int(self.buffers.depths[n - 1])
+        logits = self.heads(state.hidden, depth)[:, :state.vocab_size]  # (depth, vocab_size)
         top = torch.topk(logits, self.top_k, dim=-1).indices.cpu()  # (num_heads, top_k)
         # 3. Node i's token: head depths[i]'s ranks[i]-th token.
         depths, ranks = self.buffers.depths[:n], self.buffers.ranks[:n]
@@ -427,7 +429,7 @@ class MedusaDraftDrafter(DraftModelDrafter):
             first = int(torch.multinomial(q, 1, generator=state.generator).item())
             q_rows = [q]
         # 3. The heads' argmax tokens for the positions after it.
-        rest = self.heads(hidden)[:k - 1, :state.vocab_size].argmax(-1).tolist() if k > 1 else []
+        rest = self.heads(hidden, k - 1)[:, :state.vocab_size].argmax(-1).tolist() if k > 1 else []
         if q_rows is not None:
             eye = torch.eye(state.vocab_size, device=state.device)
             q_rows += [eye[t] for t in rest]

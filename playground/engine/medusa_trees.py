@@ -140,6 +140,7 @@ class TreeChoice:
         relative_cost: cost of a step with this tree relative to a one-token step.
         score: expected_tokens / relative_cost (expected speedup over autoregressive decoding).
         scores: score of the best tree of each size n = 0, 1, ... (for charts).
+        fallback: no tree beat plain decoding, so the smallest tree ``[[0]]`` stands in.
     """
 
     choices: list[list[int]]
@@ -147,15 +148,19 @@ class TreeChoice:
     relative_cost: float
     score: float
     scores: list[float]
+    fallback: bool = False
 
     def describe(self) -> str:
         depth = max((len(p) for p in self.choices), default=0)
+        if self.fallback:
+            return (f"{len(self.choices)} node: no tree is expected to beat plain decoding with these heads on "
+                    "this device (their accuracy is too low for the cost of verifying)")
         return (f"{len(self.choices)} nodes, depth {depth}: expected {self.expected_tokens:.2f} tokens per step at "
                 f"{self.relative_cost:.2f}x the cost of a one-token step (expected speedup {self.score:.2f}x)")
 
 
 def choose_tree(rank_probs: list[list[float]], cost: Callable[[int], float], max_nodes: int = MAX_MEDUSA_TREE_NODES,
-                draft_cost: float = 0.0) -> TreeChoice:
+                head_cost: float = 0.0) -> TreeChoice:
     """The tree maximising expected tokens per step over step cost.
 
     Args:
@@ -163,18 +168,21 @@ def choose_tree(rank_probs: list[list[float]], cost: Callable[[int], float], max
             (:func:`rank_probs_from_accuracy`).
         cost: ``cost(q)`` = time of a target forward over q query tokens relative to q = 1.
         max_nodes: largest tree considered.
-        draft_cost: the heads' own cost per step, relative to a one-token forward.
+        head_cost: one head's own cost per step, relative to a one-token forward (a tree of
+            depth d runs d heads).
 
     Steps: 1. grow the tree greedily (:func:`greedy_tree`); 2. for each size n, score =
-    (1 + sum of the first n path probabilities) / (cost(n + 1) + draft_cost), and n = 0 scores 1
+    (1 + sum of the first n path probabilities) / (cost(n + 1) + depth * head_cost), and n = 0 scores 1
     (plain decoding); 3. keep the best size.
     """
     grown = greedy_tree(rank_probs, max_nodes)
     scores, best_n, expected = [1.0], 0, 1.0
     best = (1.0, 1.0, 1.0)  # (score, expected, cost)
-    for n, (_, p) in enumerate(grown, start=1):
+    depth = 0
+    for n, (path, p) in enumerate(grown, start=1):
         expected += p
-        step_cost = cost(n + 1) + draft_cost
+        depth = max(depth, len(path))
+        step_cost = cost(n + 1) + depth * head_cost
         score = expected / step_cost
         scores.append(score)
         if score > best[0]:
@@ -266,7 +274,8 @@ def measure_head_accuracy(target: CausalLM, heads, prompt_ids: list[int], new_to
 
 @torch.inference_mode()
 def measure_head_cost(target: CausalLM, heads, one_token_s: float, repeats: int = 5) -> float:
-    """The heads' time per step relative to a one-token target forward (``one_token_s`` seconds)."""
+    """One head's time per step relative to a one-token target forward (``one_token_s`` seconds):
+    all heads are timed together and the time divided by their number."""
     hidden = torch.zeros(heads.hidden_size, dtype=target.dtype, device=target.device)
     heads(hidden)
     times = []
@@ -274,7 +283,7 @@ def measure_head_cost(target: CausalLM, heads, one_token_s: float, repeats: int 
         t0 = target.clock()
         heads(hidden)
         times.append(target.clock() - t0)
-    return statistics.median(times) / one_token_s if one_token_s > 0 else 0.0
+    return statistics.median(times) / heads.num_heads / one_token_s if one_token_s > 0 else 0.0
 
 
 def auto_tree(target: CausalLM, heads, calibration_ids: list[int] | None = None,
@@ -297,7 +306,7 @@ def auto_tree(target: CausalLM, heads, calibration_ids: list[int] | None = None,
     head_cost = measure_head_cost(target, heads, seconds[1])
     choice = choose_tree(rank_probs_from_accuracy(accuracy), relative_cost(seconds), max_nodes, head_cost)
     if not choice.choices:  # plain decoding wins: still propose the top-1 chain's first node
-        choice.choices = [[0]]
+        choice.choices, choice.fallback = [[0]], True
     info = {"seconds": seconds, "head_cost": head_cost, "accuracy": accuracy, "accuracy_source": source,
             "measure_s": time.perf_counter() - t0}
     return choice, info
