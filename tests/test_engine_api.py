@@ -116,7 +116,7 @@ def test_generation_settings_and_drafters_check_bounds():
         PromptLookupDrafter(0, 3)
     with pytest.raises(ValueError, match="k must be a number, got 'four'"):
         K_KNOB.check("four")
-    assert MethodSpec("draft_model").checked_params() == {"k": K_KNOB.default}
+    assert MethodSpec("draft_model").checked_params() == {"k": K_KNOB.default, "proposer": "model"}
     assert METHODS["draft_model"].needs_draft and not METHODS["prompt_lookup"].needs_draft
 
 

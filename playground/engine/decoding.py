@@ -153,13 +153,14 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         past_len = len(tokens) - 1
         inputs = torch.cat([torch.tensor(tokens[-1:], dtype=torch.long), cand.tokens.cpu()])
         extra_logits = hidden_rows = None
+        hidden_kw = {"return_hidden": True} if needs_hidden else {}  # only then: wrappers need not know the flag
         if cand.extras is None:
-            out = target.forward(cache, inputs, cand.parents if len(cand) else None, return_hidden=needs_hidden)
+            out = target.forward(cache, inputs, cand.parents if len(cand) else None, **hidden_kw)
         else:
             # The drafter's extra queries (e.g. Lookahead's Jacobi window) ride in the same pass.
             allowed, offsets = pass_attention(cand)
             out = target.forward_masked(cache, torch.cat([inputs, cand.extras.tokens.cpu()]), allowed, offsets,
-                                        return_hidden=needs_hidden)
+                                        **hidden_kw)
         all_logits, hidden_rows = out if needs_hidden else (out, None)
         logits = all_logits[:len(cand) + 1]
         if cand.extras is not None:
