@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from helpers import FakeLoaded, clear_greedy_baseline, output_ids, run_events, tiny_llama
+from playground.engine.autoregressive import AutoregressiveDrafter
 from playground.engine.compare import Engine, MethodSpec, check_lossless
 from playground.engine.decoding import GenerationSettings
 from playground.engine.medusa import (MedusaDraftDrafter, MedusaDrafter, MedusaHeads, MedusaLoadError,
@@ -190,8 +191,7 @@ def test_greedy_medusa_equals_baseline_real_model(real_target):
     prompts = ["Write a short poem about the sea.", "List three prime numbers and explain why they are prime."]
     for i, text in enumerate(prompts):
         ids = engine.encode_prompt(text)
-        base_events = run_events(target, __import__("playground.engine.autoregressive", fromlist=["x"])
-                                 .AutoregressiveDrafter(), ids, 24)
+        base_events = run_events(target, AutoregressiveDrafter(), ids, 24)
         baseline = output_ids(base_events)
         margins = [m for e in base_events for m in e.margins]
         heads = random_heads(model, 4, scale=(0.0, 0.01)[i], seed=i)
