@@ -177,6 +177,23 @@ def test_update_warms_up_then_harvests_and_shifts():
     assert d.pool_hits == 1 and d.pool_tokens_accepted == 1
 
 
+def test_update_harvests_the_committed_output_ngrams():
+    """With harvest_output (the default), every N-gram of the committed text that ends in this
+    step's tokens enters the pool once; with it off, none does."""
+    prompt = [40, 41, 42]
+    for harvest in (True, False):
+        d = LookaheadDrafter(window=1, ngram_size=3, guess_set_size=4, seed_pool_from_prompt=False,
+                             harvest_output=harvest)
+        d.begin(prompt)
+        d.update(StepResult(Candidates.empty(), [], 7, prompt + [5, 6, 7]))
+        d.update(StepResult(Candidates.empty(), [], 8, prompt + [5, 6, 7, 8]))
+        if harvest:
+            assert d.pool.lookup(41) == [(42, 5)] and d.pool.lookup(42) == [(5, 6)]
+            assert d.pool.lookup(5) == [(6, 7)] and d.pool.lookup(6) == [(7, 8)] and d.pool_size == 4
+        else:
+            assert d.pool_size == 0
+
+
 # ----------------------------------------------------------------------------------------------
 # Greedy: lossless
 # ----------------------------------------------------------------------------------------------

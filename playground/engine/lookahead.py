@@ -152,6 +152,9 @@ class LookaheadDrafter(Drafter):
     Args:
         window: W in [1, 20]; ngram_size: N in [2, 8]; guess_set_size: G in [1, 20].
         seed_pool_from_prompt: put the prompt's own n-grams in the pool at the start.
+        harvest_output: also put the n-grams of the committed output in the pool as they
+            appear (exact n-grams of the text so far, as prompt lookup uses; an addition to
+            the paper, which harvests the Jacobi window only).
         seed: seeds the choice of random prompt tokens that fill the window.
 
     Attributes:
@@ -168,11 +171,12 @@ class LookaheadDrafter(Drafter):
 
     def __init__(self, window: int = LOOKAHEAD_WINDOW_KNOB.default, ngram_size: int = LOOKAHEAD_NGRAM_KNOB.default,
                  guess_set_size: int = LOOKAHEAD_GUESS_KNOB.default, seed_pool_from_prompt: bool = True,
-                 seed: int = 0):
+                 harvest_output: bool = True, seed: int = 0):
         self.window = LOOKAHEAD_WINDOW_KNOB.check(window)
         self.ngram_size = LOOKAHEAD_NGRAM_KNOB.check(ngram_size)
         self.guess_set_size = LOOKAHEAD_GUESS_KNOB.check(guess_set_size)
         self.seed_pool_from_prompt = seed_pool_from_prompt
+        self.harvest_output = harvest_output
         self.seed = seed
         self.begin([0])
 
@@ -188,6 +192,7 @@ class LookaheadDrafter(Drafter):
         if self.seed_pool_from_prompt:
             self.pool.add_sequence(self.prompt)
         self.levels: list[list[int]] = [self._fresh(self.window)]
+        self.harvested = len(self.prompt)  # n-grams ending before this index are in the pool
         self.pool_hits = 0
         self.pool_tokens_accepted = 0
 
@@ -208,6 +213,11 @@ class LookaheadDrafter(Drafter):
         if result.path:
             self.pool_hits += 1
             self.pool_tokens_accepted += len(result.path)
+        if self.harvest_output:
+            # 0. Exact n-grams of the committed text that end in this step's tokens.
+            for end in range(max(self.harvested, self.ngram_size), len(result.tokens) + 1):
+                self.pool.add(result.tokens[end - self.ngram_size:end])
+            self.harvested = len(result.tokens) + 1
         if result.extra_logits is None:
             return
         expected = (len(self.levels) * self.window, )
