@@ -192,7 +192,7 @@ class LookaheadDrafter(Drafter):
         if self.seed_pool_from_prompt:
             self.pool.add_sequence(self.prompt)
         self.levels: list[list[int]] = [self._fresh(self.window)]
-        self.harvested = len(self.prompt)  # n-grams ending before this index are in the pool
+        self.harvested = len(self.prompt) + 1  # first (exclusive) end of an output n-gram not yet pooled
         self.pool_hits = 0
         self.pool_tokens_accepted = 0
 
