@@ -67,6 +67,7 @@ WARMUP_TOKENS = 16
 # their knobs either way; a flag sets whichever name the chosen method declares.
 KNOB_FLAGS: dict[str, tuple[str, ...]] = {
     "k": ("k",),
+    "confidence": ("confidence",),
     "max_ngram_size": ("max_ngram_size",),
     "num_pred_tokens": ("num_pred_tokens",),
     "window": ("window",),
@@ -590,6 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g = ap.add_argument_group("method knobs (defaults: the engine's)")
     g.add_argument("--k", type=int, help="draft_model: tokens drafted per step")
+    g.add_argument("--confidence", type=float, help="draft_model: stop drafting below this draft probability")
     g.add_argument("--max-ngram-size", type=int, help="prompt_lookup: longest n-gram matched")
     g.add_argument("--num-pred-tokens", type=int, help="prompt_lookup: tokens copied after a match")
     g.add_argument("--window", type=int, help="lookahead: Jacobi window size")

@@ -83,10 +83,11 @@ def _restricted_copy(target: torch.nn.Module, token_map: TokenMap, noise: float,
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_reduced_vocab_draft_greedy_equals_baseline(seed):
+@pytest.mark.parametrize("confidence", [0.0, 0.6])
+def test_reduced_vocab_draft_greedy_equals_baseline(seed, confidence):
     """Greedy draft-model decoding with a reduced-vocabulary draft (the target cut to 40 of its 64
     ids, with noise) equals the autoregressive baseline token for token, for K in 1..6
-    (seed-dependent), while drafts are both accepted and rejected."""
+    (seed-dependent), with and without the confidence stop, while drafts are accepted."""
     vocab = 64
     model = tiny_llama(seed, vocab_size=vocab)
     target = CausalLM(model)
@@ -95,7 +96,8 @@ def test_reduced_vocab_draft_greedy_equals_baseline(seed):
     kept = torch.randperm(vocab, generator=g)[:39].tolist()
     token_map = TokenMap([-1] + kept, vocab)
     draft = _restricted_copy(model, token_map, 0.02, seed)
-    events = run_events(target, DraftModelDrafter(CausalLM(draft), 1 + seed % 6, token_map), prompt, len(base))
+    drafter = DraftModelDrafter(CausalLM(draft), 1 + seed % 6, token_map, confidence=confidence)
+    events = run_events(target, drafter, prompt, len(base))
     assert output_ids(events) == base
     assert sum(e.accepted for e in events) > 0
 
@@ -112,11 +114,13 @@ def _exact_first_two(model, prompt: list[int], cfg: SamplingConfig) -> torch.Ten
     return next_probs([prompt])[0][:, None] * next_probs([prompt + [a] for a in range(VOCAB)])
 
 
-def test_reduced_vocab_draft_sampling_keeps_target_distribution():
+@pytest.mark.parametrize("confidence", [0.0, 0.45])
+def test_reduced_vocab_draft_sampling_keeps_target_distribution(confidence):
     """Speculative sampling with a draft that lacks two of the target's six tokens (they have
     q = 0, so they only ever come from the residual) still follows the target's exact joint
     distribution of the first two tokens (chi-square, false-alarm odds 1e-4), with drafts both
-    accepted and rejected."""
+    accepted and rejected; also with the confidence stop, which then cuts some drafts short
+    (it looks at the draft's distribution only, never at the drawn token)."""
     target = tiny_llama(7, vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
                         intermediate_size=32, head_std=0.3)
     draft = tiny_llama(8, vocab_size=5, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
@@ -129,7 +133,7 @@ def test_reduced_vocab_draft_sampling_keeps_target_distribution():
     for seed in range(1500):
         settings = GenerationSettings(max_new_tokens=3, sampling=SamplingConfig(temperature=1.0, seed=seed))
         out = []
-        for event in decode(lm, DraftModelDrafter(draft_lm, 2, token_map), PROMPT, settings):
+        for event in decode(lm, DraftModelDrafter(draft_lm, 2, token_map, confidence=confidence), PROMPT, settings):
             out += event.tokens
             accepted += event.accepted
             proposed += event.proposed
@@ -139,6 +143,8 @@ def test_reduced_vocab_draft_sampling_keeps_target_distribution():
     result = chi_square_gof(counts, _exact_first_two(target, PROMPT, cfg))
     assert result.p_value > ALPHA, str(result)
     assert 0 < accepted < proposed
+    if confidence:
+        assert proposed < 2 * 1500  # some steps drafted fewer than K = 2 tokens
 
 
 # ----------------------------------------------------------------------------------------------

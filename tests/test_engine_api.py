@@ -116,7 +116,9 @@ def test_generation_settings_and_drafters_check_bounds():
         PromptLookupDrafter(0, 3)
     with pytest.raises(ValueError, match="k must be a number, got 'four'"):
         K_KNOB.check("four")
-    assert MethodSpec("draft_model").checked_params() == {"k": K_KNOB.default, "proposer": "model"}
+    assert MethodSpec("draft_model").checked_params() == {"k": K_KNOB.default, "confidence": 0.0, "proposer": "model"}
+    with pytest.raises(ValueError, match=r"confidence must be in \[0.0, 1.0\], got 1.5"):
+        DraftModelDrafter(None, 4, confidence=1.5)
     assert METHODS["draft_model"].needs_draft and not METHODS["prompt_lookup"].needs_draft
 
 

@@ -68,11 +68,11 @@ def test_optimal_k_hand_values():
 
 def test_draft_cost_ratio_and_lookahead_pass():
     """c = (1.0 s / 40 drafted) / (2.0 s / 10 steps) = 0.025 / 0.2 = 0.125; Lookahead 7B setting
-    (15, 5, 15): 1 + 15*4 + 15*4 = 121 tokens; CPU setting (5, 3, 5): 1 + 10 + 10 = 21."""
+    (15, 5, 15): 1 + 15*4 + 15*4 = 121 tokens; CPU setting (2, 3, 3): 1 + 4 + 6 = 11."""
     assert theory.draft_cost_ratio(1.0, 40, 2.0, 10) == pytest.approx(0.125)
     assert theory.draft_cost_ratio(1.0, 0, 2.0, 10) is None
     assert theory.lookahead_tokens_per_pass(15, 5, 15) == 121
-    assert theory.lookahead_tokens_per_pass(**LOOKAHEAD_PRESETS["cpu"]) == 21
+    assert theory.lookahead_tokens_per_pass(**LOOKAHEAD_PRESETS["cpu"]) == 11  # W2 N3 G3: 1 + 4 + 6
 
 
 def test_theory_bad_input_names_the_bound():

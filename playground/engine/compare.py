@@ -20,8 +20,8 @@ from .decoding import GenerationSettings, decode
 from .draft_model import DraftModelDrafter
 from .drafter import Drafter
 from .events import SOURCE_DRAFT, SOURCE_LOOKAHEAD, SOURCE_PROMPT_LOOKUP, SOURCE_TARGET, StepEvent
-from .limits import (DRAFT_PROPOSER_KNOB, K_KNOB, LOOKAHEAD_KNOBS, MEDUSA_ACCEPTANCE_KNOB, POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB,
-                     PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB, ChoiceKnob, Knob)
+from .limits import (DRAFT_CONFIDENCE_KNOB, DRAFT_PROPOSER_KNOB, K_KNOB, LOOKAHEAD_KNOBS, MEDUSA_ACCEPTANCE_KNOB,
+                     POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB, PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB, ChoiceKnob, Knob)
 from .lookahead import LookaheadDrafter
 from .medusa import MedusaDraftDrafter, MedusaDrafter, head_source
 from .medusa_trees import AUTO, TREE_KNOB, TREE_PRESETS, TreeChoice, auto_tree, preset_choices
@@ -63,7 +63,8 @@ METHODS: dict[str, MethodInfo] = {m.name: m for m in (
                "n-gram in the prompt and output (Saxena 2023).", True, False,
                (PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB), (SOURCE_TARGET, SOURCE_PROMPT_LOOKUP)),
     MethodInfo("draft_model", "Draft model", "A small draft model proposes K tokens; the target verifies them in "
-               "one pass (Leviathan et al. 2023; Chen et al. 2023).", True, True, (K_KNOB, DRAFT_PROPOSER_KNOB),
+               "one pass (Leviathan et al. 2023; Chen et al. 2023).", True, True,
+               (K_KNOB, DRAFT_CONFIDENCE_KNOB, DRAFT_PROPOSER_KNOB),
                (SOURCE_TARGET, SOURCE_DRAFT)),
     MethodInfo("lookahead", "Lookahead", "Jacobi iterations in a W x (N - 1) window generate n-grams; those "
                "starting with the last token are verified in the same pass (Fu et al. 2024).", True, False,
@@ -290,6 +291,7 @@ class Engine:
             if self.draft_medusa is None:
                 raise ValueError("draft_model's proposer medusa_heads needs Medusa heads for the draft model "
                                  "(Engine(draft_medusa=...)); none are loaded")
+            params.pop("confidence", None)  # the heads propose in one pass: no per-token stop
             return MedusaDraftDrafter(self.draft_lm, self.draft_medusa, **params)
         return DraftModelDrafter(self.draft_lm, token_map=getattr(self.draft, "token_map", None), **params)
 

@@ -23,7 +23,7 @@ import torch
 
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_DRAFT
-from .limits import K_KNOB
+from .limits import DRAFT_CONFIDENCE_KNOB, K_KNOB
 from .sampling import logits_to_probs
 from .target import CausalLM
 from .tree import Candidates
@@ -105,17 +105,25 @@ class DraftModelDrafter(Drafter):
         draft: the draft model wrapper.
         k: speculative tokens K (gamma) per step, in ``[1, MAX_SPECULATIVE_TOKENS]``.
         token_map: for a reduced-vocabulary draft, its :class:`TokenMap` (None: same ids).
+        confidence: dynamic draft length: before drafting each position, stop when the draft's
+            largest next-token probability (after the sampling transform) is below this; 0 =
+            always K tokens. The decision depends only on the draft's distribution, never on
+            the token then drawn, so drafted tokens stay exact samples of q and speculative
+            sampling stays exact. (Transformers' ``assistant_confidence_threshold`` and
+            Mamou et al. 2024, "Dynamic Speculation Lookahead", use the same idea.)
 
     Raises:
-        ValueError: when ``k`` is out of range.
+        ValueError: when ``k`` or ``confidence`` is out of range.
     """
 
     name = "draft_model"
     source = SOURCE_DRAFT
 
-    def __init__(self, draft: CausalLM, k: int = K_KNOB.default, token_map: TokenMap | None = None):
+    def __init__(self, draft: CausalLM, k: int = K_KNOB.default, token_map: TokenMap | None = None,
+                 confidence: float = DRAFT_CONFIDENCE_KNOB.default):
         self.draft = draft
         self.k = K_KNOB.check(k)
+        self.confidence = DRAFT_CONFIDENCE_KNOB.check(confidence)
         self.token_map = token_map
         self.cache = None
         self.fed: list[int] = []  # token ids held in the draft's KV cache, in order
@@ -149,13 +157,21 @@ class DraftModelDrafter(Drafter):
             if self.token_map is not None:
                 logits = self.token_map.target_logits(logits)
             self.fed.extend(feed.tolist())
-            # 2. Draft the next token: argmax, or a sample from q after the shared transform.
+            # 2. Stop early when the draft is unsure of this position (its distribution only).
+            if self.confidence > 0:
+                q_max = (torch.softmax(logits[:state.vocab_size].float(), -1) if state.sampling.greedy
+                         else logits_to_probs(logits, state.sampling)).max()
+                if q_max < self.confidence:
+                    break
+            # 3. Draft the next token: argmax, or a sample from q after the shared transform.
             if state.sampling.greedy:  # only ids the target has (the draft's table may be padded)
                 drafted.append(int(logits[:state.vocab_size].argmax()))
             else:
                 q = _fit_vocab(logits_to_probs(logits, state.sampling), state.vocab_size).to(state.device)
                 drafted.append(int(torch.multinomial(q, 1, generator=state.generator).item()))
                 q_rows.append(q)
+        if not drafted:
+            return Candidates.empty(state.device)
         draft_probs = torch.stack(q_rows) if q_rows else None
         return Candidates.chain(drafted, self.source, draft_probs, device=state.device)
 

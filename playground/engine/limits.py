@@ -149,11 +149,11 @@ PROMPT_LOOKUP_NGRAM_KNOB = Knob("max_ngram_size", "Max n-gram size", 1, MAX_PROM
 PROMPT_LOOKUP_TOKENS_KNOB = Knob("num_pred_tokens", "Tokens to propose", 1, MAX_PROMPT_LOOKUP_TOKENS, 10,
                                  info="Tokens copied after the match and proposed for verification.")
 
-LOOKAHEAD_WINDOW_KNOB = Knob("window", "Window W", 1, MAX_LOOKAHEAD_WINDOW, 5,
+LOOKAHEAD_WINDOW_KNOB = Knob("window", "Window W", 1, MAX_LOOKAHEAD_WINDOW, 2,
                              info="Lookahead: Jacobi positions guessed in parallel per level.")
 LOOKAHEAD_NGRAM_KNOB = Knob("ngram_size", "N-gram size N", 2, MAX_LOOKAHEAD_NGRAM, 3,
                             info="Lookahead: n-gram length; the window keeps N - 1 Jacobi levels.")
-LOOKAHEAD_GUESS_KNOB = Knob("guess_set_size", "Guess set size G", 1, MAX_LOOKAHEAD_GUESS_SET, 5,
+LOOKAHEAD_GUESS_KNOB = Knob("guess_set_size", "Guess set size G", 1, MAX_LOOKAHEAD_GUESS_SET, 3,
                             info="Lookahead: at most G n-grams per key token, all verified in one pass.")
 LOOKAHEAD_KNOBS = (LOOKAHEAD_WINDOW_KNOB, LOOKAHEAD_NGRAM_KNOB, LOOKAHEAD_GUESS_KNOB)
 
@@ -163,6 +163,10 @@ POSTERIOR_THRESHOLD_KNOB = Knob("posterior_threshold", "Posterior threshold", 0.
 POSTERIOR_ALPHA_KNOB = Knob("posterior_alpha", "Posterior alpha", 0.0, 1.0, 0.3, step=0.01, integer=False,
                             info="Medusa typical acceptance: scales exp(-entropy) of the target's distribution.")
 
+DRAFT_CONFIDENCE_KNOB = Knob("confidence", "Confidence threshold", 0.0, 1.0, 0.0, step=0.05, integer=False,
+                             info="Dynamic draft length: stop drafting when the draft's top next-token probability "
+                                  "falls below this (0 = always draft K). Where verifying more tokens costs much "
+                                  "more than one (CPUs), unconfident steps then cost a plain decoding step.")
 DRAFT_PROPOSER_KNOB = ChoiceKnob(
     "proposer", "Proposer", ("model", "medusa_heads"), "model",
     info="model: the draft model drafts K tokens, one forward pass each. medusa_heads: the draft's next token "

@@ -38,13 +38,16 @@ from .limits import LOOKAHEAD_GUESS_KNOB, LOOKAHEAD_NGRAM_KNOB, LOOKAHEAD_WINDOW
 from .tree import Candidates, ExtraQueries
 
 LOOKAHEAD_PRESETS: dict[str, dict[str, int]] = {
-    "cpu": dict(window=5, ngram_size=3, guess_set_size=5),
+    "cpu": dict(window=2, ngram_size=3, guess_set_size=3),
     "7b": dict(window=15, ngram_size=5, guess_set_size=15),
     "13b": dict(window=10, ngram_size=5, guess_set_size=10),
     "33b": dict(window=7, ngram_size=5, guess_set_size=7),
 }
 """(W, N, G): the paper's settings for 7B / 13B / 33B models on a GPU (G = W), and a small CPU
-setting (every extra query costs nearly its full share of compute on a CPU)."""
+setting, also the knobs' default: on the development CPU a forward over 2 tokens already costs
+1.66x one token and over 9 tokens 2.2-2.7x (fp32, MKL's matrix-matrix products are far slower per
+row than its matrix-vector ones), so the window that keeps tokens per pass near 1 + 4 + 6 = 11
+loses least (README, "Lookahead on a CPU")."""
 
 
 class NgramPool:
