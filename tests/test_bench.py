@@ -165,7 +165,7 @@ def test_bad_question_files(tmp_path, content, message):
     (["--k", "4"], "--k is not a setting of any chosen method"),
     (["--temperature", "-1"], "temperature must be in"),
     (["--limit", "0"], "--limit must be at least 1"),
-    (["--methods", "autoregressive,draft_model"], "draft_model needs a draft model: add --draft MODEL"),
+    (["--methods", "autoregressive,draft_model", "--draft", "none"], "draft_model needs a draft model: add --draft MODEL"),
 ])
 def test_usage_errors_exit_2_with_one_line(argv, message, capsys, tmp_path):
     assert bench.main(argv + ["--out", str(tmp_path / "r.jsonl")]) == 2
