@@ -1,0 +1,105 @@
+"""oneDNN packed linear layers (playground/engine/cpu_linear.py): same numbers as ``F.linear``
+within float32 rounding, same parameters, trainable, copyable, and lossless decoding on top."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+
+from helpers import clear_greedy_baseline, noisy_copy, run_events, tiny_llama
+from playground.engine import cpu_linear
+from playground.engine.compare import check_lossless
+from playground.engine.cpu_linear import PackedLinear, pack_linear_layers
+from playground.engine.decoding import GenerationSettings
+from playground.engine.draft_model import DraftModelDrafter
+from playground.engine.lookahead import LookaheadDrafter
+from playground.engine.target import CausalLM
+
+pytestmark = [pytest.mark.usefixtures("torch_single_thread"),
+              pytest.mark.skipif(not cpu_linear.onednn_available(), reason="this PyTorch has no oneDNN")]
+
+
+@pytest.fixture(params=[False, True], ids=["one-row-plain", "always-packed"])
+def always_packed(request, monkeypatch):
+    """Run each test with the default rule (one row through small layers goes to F.linear) and
+    with every call packed."""
+    if request.param:
+        monkeypatch.setattr(cpu_linear, "ONE_ROW_PACKED_MIN", 0)
+    return request.param
+
+
+def test_packed_model_matches_default_layers(always_packed):
+    """Every Linear is swapped, parameters are shared (same state_dict keys and tensors), and
+    logits over 1 and 7 tokens stay within 1e-4 (relative to the largest logit) of the
+    default layers'."""
+    plain = tiny_llama(0, vocab_size=96, hidden_size=64, intermediate_size=128)
+    packed = copy.deepcopy(plain)
+    n = pack_linear_layers(packed)
+    assert n == 2 * 7 + 1
+    assert sum(isinstance(m, PackedLinear) for m in packed.modules()) == n
+    assert list(packed.state_dict()) == list(plain.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(packed.state_dict().values(), plain.state_dict().values()))
+    ids = torch.randint(0, 96, (1, 7), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        for x in (ids[:, :1], ids):
+            want, got = plain(x).logits, packed(x).logits
+            assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+def test_tied_output_layer_stays_tied():
+    """With tied embeddings the packed output layer shares the embedding's weight tensor."""
+    model = tiny_llama(0)
+    model.lm_head.weight = model.model.embed_tokens.weight
+    pack_linear_layers(model)
+    assert isinstance(model.lm_head, PackedLinear)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_packed_layer_trains_and_copies():
+    """With autograd on, the layer falls back to F.linear so gradients reach its input and
+    weight; deepcopy and pickle rebuild the packed copy (the opaque tensor cannot be copied)."""
+    layer = PackedLinear.from_linear(torch.nn.Linear(8, 5))
+    x = torch.randn(3, 8, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None
+    for clone in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        with torch.inference_mode():
+            assert torch.allclose(clone(x.detach()), layer(x.detach()), atol=1e-6)
+
+
+def test_switch_off_and_non_float32(monkeypatch):
+    """PLAYGROUND_ONEDNN=0 keeps PyTorch's layers; bfloat16 layers are never swapped."""
+    monkeypatch.setenv(cpu_linear.ENV_SWITCH, "0")
+    assert pack_linear_layers(tiny_llama(0)) == 0
+    monkeypatch.delenv(cpu_linear.ENV_SWITCH)
+    assert pack_linear_layers(tiny_llama(0).to(torch.bfloat16)) == 0
+
+
+def test_greedy_decoding_on_packed_models_equals_baseline(always_packed):
+    """On packed tiny targets (one-token steps and multi-token verification then take different
+    kernels), greedy draft-model decoding (K 1..6, a packed noisy-copy draft) and Lookahead equal
+    the packed autoregressive baseline token for token over 12 seeds, with both acceptances and
+    rejections."""
+    failures, accepted, proposed = [], 0, 0
+    settings = GenerationSettings(max_new_tokens=24)
+    g = torch.Generator().manual_seed(7)
+    for seed in range(12):
+        model = tiny_llama(seed % 3)
+        draft_model = noisy_copy(model, 0.03, 50 + seed)
+        pack_linear_layers(model)
+        pack_linear_layers(draft_model)
+        target = CausalLM(model)
+        prompt, baseline, margins = clear_greedy_baseline(target, g, 6 + seed, 5, 24)
+        for drafter in (DraftModelDrafter(CausalLM(draft_model), 1 + seed % 6),
+                        LookaheadDrafter(window=2 + seed % 3, ngram_size=3, guess_set_size=3)):
+            events = run_events(target, drafter, prompt, settings=settings)
+            verdict = check_lossless(baseline, margins, [t for e in events for t in e.tokens])
+            if not verdict.matched:
+                failures.append(f"seed {seed} {type(drafter).__name__}: {verdict.message()}")
+            accepted += events[-1].stats.accepted
+            proposed += events[-1].stats.proposed
+    assert failures == []
+    assert 0 < accepted < proposed
