@@ -134,14 +134,14 @@ def load_questions(path: str | Path, categories: Iterable[str] | None = None,
         raise BenchError(f"cannot read questions file {str(path)!r}: {e.strerror or e}") from None
     except UnicodeDecodeError:
         raise BenchError(f"questions file {str(path)!r} is not UTF-8 text") from None
+    from playground.bench_io import iter_jsonl
+
+    try:
+        rows = list(iter_jsonl(text))
+    except ValueError as e:
+        raise BenchError(f"{path}, {e}") from None
     questions, seen = [], set()
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BenchError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+    for n, row in rows:
         q = parse_question(row, f"{path}:{n}")
         if str(q.question_id) in seen:
             raise BenchError(f"{path}:{n}: duplicate question id {q.question_id!r}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from playground.bench import record_line
 
@@ -25,6 +25,20 @@ def to_jsonl(records: Iterable[dict]) -> str:
     return "".join(record_line(r) for r in records)
 
 
+def iter_jsonl(text: str) -> Iterator[tuple[int, object]]:
+    """``(line number, parsed value)`` for each non-blank line of JSONL text (numbered from 1).
+
+    Raises:
+        ValueError: a line that is not valid JSON (names the line number).
+    """
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                yield n, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"line {n}: not valid JSON ({e.msg})") from None
+
+
 def from_jsonl(text: str) -> list[dict]:
     """Records from JSONL text (blank lines skipped).
 
@@ -32,13 +46,7 @@ def from_jsonl(text: str) -> list[dict]:
         ValueError: a line that is not a JSON object (names the line number).
     """
     out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"line {n}: not valid JSON ({e.msg})") from None
+    for n, rec in iter_jsonl(text):
         if not isinstance(rec, dict):
             raise ValueError(f"line {n}: expected a JSON object, got {type(rec).__name__}")
         out.append(rec)

@@ -423,6 +423,43 @@ def toy_first_tokens(n_tokens: int, propose: ProposeFn, verify: VerifyFn, p_tabl
     return tuple(out[:n_tokens])
 
 
+@torch.inference_mode()
+def exact_first_three(model, prompt: list[int], cfg, vocab: int) -> torch.Tensor:
+    """Exact ``(V, V, V)`` joint of the first three sampled tokens, from the model's logits on
+    every prefix after the same transform (temperature, top-k, top-p) the decoder applies."""
+    from playground.engine.sampling import logits_to_probs
+
+    def next_probs(prefixes: list[list[int]]) -> torch.Tensor:
+        return logits_to_probs(model(input_ids=torch.tensor(prefixes)).logits[:, -1].float(), cfg).double()
+
+    p1 = next_probs([prompt])[0]
+    p2 = next_probs([prompt + [a] for a in range(vocab)])  # (V, V)
+    p3 = next_probs([prompt + [a, b] for a in range(vocab) for b in range(vocab)]).reshape(vocab, vocab, vocab)
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+def sample_first_three(target, drafter_factory: Callable[[int], Drafter], prompt: list[int], cfg,
+                       runs: int, vocab: int) -> tuple[torch.Tensor, int, int]:
+    """Decode ``runs`` times (seeds 0..runs-1, a fresh ``drafter_factory(seed)`` each) and count
+    the first three new tokens: ``((V, V, V) counts, tokens accepted, tokens proposed)``."""
+    from playground.engine.sampling import SamplingConfig
+
+    lm = CausalLM(target)
+    samples, accepted, proposed = [], 0, 0
+    for seed in range(runs):
+        settings = GenerationSettings(max_new_tokens=4, sampling=SamplingConfig(
+            temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=seed))
+        out = []
+        for event in decode(lm, drafter_factory(seed), prompt, settings):
+            out += event.tokens
+            accepted += event.accepted
+            proposed += event.proposed
+            if len(out) >= 3:
+                break
+        samples.append(tuple(out[:3]))
+    return count_samples(samples, vocab), accepted, proposed
+
+
 def count_samples(samples: list[tuple[int, ...]], vocab: int) -> torch.Tensor:
     """Counts ``(vocab,) * len(tuple)`` of sampled tuples."""
     n = len(samples[0])

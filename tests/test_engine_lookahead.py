@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import (FakeLoaded, clear_greedy_baseline, chi_square_gof, count_samples, run_events, tiny_llama)
+from helpers import (FakeLoaded, chi_square_gof, clear_greedy_baseline, exact_first_three, run_events,
+                     sample_first_three, tiny_llama)
 from playground.engine.compare import METHODS, SOURCE_LABELS, Engine, MethodSpec, check_lossless
-from playground.engine.decoding import GenerationSettings, decode
 from playground.engine.drafter import DecodeState, StepResult
 from playground.engine.events import SOURCE_LOOKAHEAD, SOURCE_TARGET
 from playground.engine.lookahead import (LOOKAHEAD_PRESETS, LookaheadDrafter, NgramPool, candidate_tree,
                                          lookahead_attention)
-from playground.engine.sampling import SamplingConfig, logits_to_probs
+from playground.engine.sampling import SamplingConfig
 from playground.engine.target import CausalLM
 from playground.engine.tree import Candidates, pass_attention
 
@@ -273,18 +273,6 @@ ALPHA = 1e-4
 E2E_PROMPT = [0, 1, 2, 3, 4, 5, 0, 1, 2, 0, 1]
 
 
-@torch.inference_mode()
-def _exact_first_three(model, prompt: list[int], cfg: SamplingConfig) -> torch.Tensor:
-    """Exact ``(V, V, V)`` joint of the first three sampled tokens (model run on every prefix)."""
-    def next_probs(prefixes: list[list[int]]) -> torch.Tensor:
-        return logits_to_probs(model(input_ids=torch.tensor(prefixes)).logits[:, -1].float(), cfg).double()
-
-    p1 = next_probs([prompt])[0]
-    p2 = next_probs([prompt + [a] for a in range(VOCAB)])
-    p3 = next_probs([prompt + [a, b] for a in range(VOCAB) for b in range(VOCAB)]).reshape(VOCAB, VOCAB, VOCAB)
-    return p1[:, None, None] * p2[:, :, None] * p3
-
-
 def test_sampled_lookahead_matches_exact_target_distribution():
     """At temperature 1, over 600 seeds (one run each), the first two and first three new tokens
     of lookahead decoding (W=3, N=3, G=3, pool seeded from a repetitive prompt; one-hot rule)
@@ -292,21 +280,10 @@ def test_sampled_lookahead_matches_exact_target_distribution():
     probability 1e-4 per test); pool tokens were both accepted and rejected."""
     target = tiny_llama(7, vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
                         intermediate_size=32, head_std=0.3)
-    lm = CausalLM(target)
     cfg = SamplingConfig(temperature=1.0)
-    samples, accepted, proposed = [], 0, 0
-    for seed in range(600):
-        settings = GenerationSettings(max_new_tokens=4, sampling=SamplingConfig(temperature=1.0, seed=seed))
-        out = []
-        for event in decode(lm, LookaheadDrafter(3, 3, 3, seed=seed), E2E_PROMPT, settings):
-            out += event.tokens
-            accepted += event.accepted
-            proposed += event.proposed
-            if len(out) >= 3:
-                break
-        samples.append(tuple(out[:3]))
-    counts = count_samples(samples, VOCAB)
-    exact = _exact_first_three(target, E2E_PROMPT, cfg)
+    counts, accepted, proposed = sample_first_three(target, lambda seed: LookaheadDrafter(3, 3, 3, seed=seed),
+                                                    E2E_PROMPT, cfg, 600, VOCAB)
+    exact = exact_first_three(target, E2E_PROMPT, cfg, VOCAB)
     two, three = chi_square_gof(counts.sum(2), exact.sum(2)), chi_square_gof(counts, exact)
     assert two.p_value > ALPHA, f"first two tokens: {two}"
     assert three.p_value > ALPHA, f"first three tokens: {three}"

@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import (buggy_verify_sampling, chain_proposer, chi_square_gof, chi_square_two_sample,
+from helpers import (buggy_verify_sampling, chain_proposer, chi_square_gof, chi_square_two_sample, exact_first_three,
+                     sample_first_three,
                      count_samples, exact_chain_verdict, iid_tree_proposer, noisy_copy, onehot_tree_proposer,
                      tiny_llama, toy_exact_joint, toy_first_tokens, toy_table)
 from playground.engine.autoregressive import AutoregressiveDrafter
-from playground.engine.decoding import GenerationSettings, decode
 from playground.engine.draft_model import DraftModelDrafter
 from playground.engine.prompt_lookup import PromptLookupDrafter
 from playground.engine.sampling import SamplingConfig, logits_to_probs, sample
@@ -212,37 +212,6 @@ def e2e_models():
     return target, noisy_copy(target, 0.3, 8)
 
 
-@torch.inference_mode()
-def _exact_first_three(model, prompt: list[int], cfg: SamplingConfig) -> torch.Tensor:
-    """Exact ``(V, V, V)`` joint of the first three sampled tokens, from the model's logits on
-    every prefix after the same transform (temperature, top-k, top-p) the decoder applies."""
-    def next_probs(prefixes: list[list[int]]) -> torch.Tensor:
-        logits = model(input_ids=torch.tensor(prefixes)).logits[:, -1].float()
-        return logits_to_probs(logits, cfg).double()
-
-    p1 = next_probs([prompt])[0]
-    p2 = next_probs([prompt + [a] for a in range(VOCAB)])  # (V, V)
-    p3 = next_probs([prompt + [a, b] for a in range(VOCAB) for b in range(VOCAB)]).reshape(VOCAB, VOCAB, VOCAB)
-    return p1[:, None, None] * p2[:, :, None] * p3
-
-
-def _sample_first_three(target, drafter_factory, cfg: SamplingConfig, runs: int):
-    lm = CausalLM(target)
-    samples, accepted, proposed = [], 0, 0
-    for seed in range(runs):
-        settings = GenerationSettings(max_new_tokens=4, sampling=SamplingConfig(
-            temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=seed))
-        out = []
-        for event in decode(lm, drafter_factory(), E2E_PROMPT, settings):
-            out += event.tokens
-            accepted += event.accepted
-            proposed += event.proposed
-            if len(out) >= 3:
-                break
-        samples.append(tuple(out[:3]))
-    return count_samples(samples, VOCAB), accepted, proposed
-
-
 @pytest.mark.parametrize("method, cfg, runs", [
     ("autoregressive", SamplingConfig(temperature=1.0), 600),
     ("draft_model", SamplingConfig(temperature=1.0), 1200),
@@ -258,14 +227,14 @@ def test_sampled_decoding_matches_exact_target_distribution(e2e_models, method, 
     methods, drafts were both accepted and rejected."""
     target, draft = e2e_models
     if method == "autoregressive":
-        factory = AutoregressiveDrafter
+        factory = lambda seed: AutoregressiveDrafter()  # noqa: E731
     elif method == "prompt_lookup":
-        factory = lambda: PromptLookupDrafter(2, 4)  # noqa: E731
+        factory = lambda seed: PromptLookupDrafter(2, 4)  # noqa: E731
     else:
         draft_lm = CausalLM(draft)
-        factory = lambda: DraftModelDrafter(draft_lm, 2)  # noqa: E731
-    counts, accepted, proposed = _sample_first_three(target, factory, cfg, runs)
-    exact = _exact_first_three(target, E2E_PROMPT, cfg)
+        factory = lambda seed: DraftModelDrafter(draft_lm, 2)  # noqa: E731
+    counts, accepted, proposed = sample_first_three(target, factory, E2E_PROMPT, cfg, runs, VOCAB)
+    exact = exact_first_three(target, E2E_PROMPT, cfg, VOCAB)
     two, three = chi_square_gof(counts.sum(2), exact.sum(2)), chi_square_gof(counts, exact)
     assert two.p_value > ALPHA, f"first two tokens: {two}"
     assert three.p_value > ALPHA, f"first three tokens: {three}"
