@@ -123,9 +123,9 @@ class CountingLM(CausalLM):
         super().__init__(model, device)
         self.forwards = 0
 
-    def forward(self, cache, input_ids, parents=None):
+    def forward(self, cache, input_ids, parents=None, **kwargs):
         self.forwards += 1
-        return super().forward(cache, input_ids, parents)
+        return super().forward(cache, input_ids, parents, **kwargs)
 
 
 class ScriptedModel(torch.nn.Module):
@@ -293,8 +293,8 @@ class GreedyBiasedDraftLM(CausalLM):
         self.limit = limit
         self.argmax_outside = 0
 
-    def forward(self, cache, input_ids, parents=None):
-        logits = super().forward(cache, input_ids, parents)
+    def forward(self, cache, input_ids, parents=None, **kwargs):
+        logits = super().forward(cache, input_ids, parents, **kwargs)
         self.argmax_outside += int(logits[-1].argmax()) >= self.limit
         return logits
 

@@ -125,10 +125,11 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
     hidden = None
     t0 = target.clock()
     if needs_hidden:
-        logits, hidden_rows = target.forward(cache, torch.tensor(prompt_ids, dtype=torch.long), return_hidden=True)
-        logits, hidden = logits[-1:], hidden_rows[-1]
+        logits, hidden_rows = target.forward(cache, torch.tensor(prompt_ids, dtype=torch.long), return_hidden=True,
+                                             last_only=True)
+        hidden = hidden_rows[-1]
     else:
-        logits = target.forward(cache, torch.tensor(prompt_ids, dtype=torch.long))[-1:]
+        logits = target.forward(cache, torch.tensor(prompt_ids, dtype=torch.long), last_only=True)
     first = pick(logits[0])
     event = emit([first], [SOURCE_TARGET], _margins(logits), 0, 0, 0, target.clock() - t0, 0.0, 0)
     yield event

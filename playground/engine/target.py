@@ -50,7 +50,7 @@ class CausalLM:
 
     @torch.inference_mode()
     def forward(self, cache: DynamicCache, input_ids: torch.Tensor, parents: torch.Tensor | None = None,
-                return_hidden: bool = False):
+                return_hidden: bool = False, last_only: bool = False):
         """Run ``input_ids`` after the cached prefix and append them to the cache.
 
         Args:
@@ -62,6 +62,9 @@ class CausalLM:
                 attention then follows the tree and position ids are ``past_len + depth``.
 
             return_hidden: also return the last layer's hidden states (after the final norm).
+            last_only: compute the output layer for the last query only (a prefill needs no
+                more; over a long prompt the full ``(q_len, vocab_size)`` logits cost seconds
+                and hundreds of MB). Logits (and hidden states) are then ``(1, ...)``.
 
         Returns:
             ``(q_len, vocab_size)`` float32 logits; row i predicts the token after node i.
@@ -78,13 +81,18 @@ class CausalLM:
         is_chain = parents is None or bool((parents.cpu() == torch.arange(-1, q_len - 2)).all())
         if is_chain:
             position_ids = torch.arange(past_len, past_len + q_len, device=self.device)[None]
+            keep = {"logits_to_keep": 1} if last_only and q_len > 1 else {}
             out = self.model(input_ids=ids, position_ids=position_ids, cache=cache, use_cache=True,
-                             **_hidden_kwargs(return_hidden))
+                             **_hidden_kwargs(return_hidden), **keep)
         else:
             mask, position_ids = tree_attention_inputs(parents, past_len, self.dtype, self.device)
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
                              cache=cache, use_cache=True, **_hidden_kwargs(return_hidden))
-        return (out.logits[0].float(), out.hidden_states[-1][0]) if return_hidden else out.logits[0].float()
+        logits = out.logits[0, -1:] if last_only else out.logits[0]
+        if return_hidden:
+            hidden = out.hidden_states[-1][0]
+            return logits.float(), hidden[-1:] if last_only else hidden
+        return logits.float()
 
     @torch.inference_mode()
     def forward_masked(self, cache: DynamicCache, input_ids: torch.Tensor, allowed: torch.Tensor,
