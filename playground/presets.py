@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from playground.engine.limits import POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB
 from playground.engine.lookahead import LOOKAHEAD_PRESETS
-from playground.engine.theory import FALLBACK_VERIFY_COST, K_PRESETS, lookahead_tokens_per_pass
+from playground.engine.theory import FALLBACK, K_PRESETS, lookahead_tokens_per_pass
 
 
 # ----- model presets -------------------------------------------------------------------------
@@ -82,7 +83,7 @@ def get_preset(name: str) -> ModelPreset:
 
 
 def load_preset(name: str, device="auto", dtype="auto", progress=None, draft: str | None = None):
-    """Load a preset's target and draft through :mod:`playground.engine.models`.
+    """Load a preset's target, draft and Medusa heads (``compare.Engine.load``).
 
     Args:
         name: a key of :data:`PRESETS`.
@@ -91,21 +92,19 @@ def load_preset(name: str, device="auto", dtype="auto", progress=None, draft: st
         draft: which of the preset's drafts to load (default: its first; ignored without drafts).
 
     Returns:
-        ``(target, draft_or_None)`` loaded models.
+        a ``compare.Engine`` holding the loaded models.
 
     Raises:
         ValueError: unknown preset, or a draft that is not one of the preset's.
         models.ModelLoadError: the model cannot be found or loaded (e.g. no hub connection).
     """
-    from playground.engine import models
+    from playground.engine.compare import Engine
 
     preset = get_preset(name)
     if draft is not None and draft not in preset.drafts:
         raise ValueError(f"preset {name!r} has no draft {draft!r}; its drafts are {', '.join(preset.drafts) or 'none'}")
-    target = models.load_model(preset.target, device, dtype, progress)
-    draft_spec = draft or preset.draft
-    loaded_draft = models.load_draft(draft_spec, target, progress=progress) if draft_spec else None
-    return target, loaded_draft
+    return Engine.load(preset.target, draft or preset.draft, preset.medusa, device=device, dtype=dtype,
+                       progress=progress)
 
 
 # ----- the advisor's rules -------------------------------------------------------------------
@@ -153,7 +152,7 @@ COPY_TASKS = ("code", "summarization", "rag", "extraction")
 """Task types where the answer repeats the prompt (rule ``copy_tasks``)."""
 TASKS = ("chat", "code", "summarization", "rag", "extraction", "translation", "math")
 APPETITES = tuple(K_PRESETS)
-MEDUSA_DEFAULTS = {"posterior_threshold": 0.09, "posterior_alpha": 0.3}
+MEDUSA_DEFAULTS = {k.name: k.default for k in (POSTERIOR_THRESHOLD_KNOB, POSTERIOR_ALPHA_KNOB)}
 
 
 def suggested_draft_size_b(target_b: float) -> float:
@@ -253,7 +252,7 @@ class Advice:
 
 
 # Figures measured on the development machine (README): forward costs and one benchmark.
-_CPU_MS = {1: 80, 8: 160, 64: 398}
+_CPU_MS = {1: 64, 9: 86, 64: 240}
 
 
 def advise(s: Situation) -> Advice:
@@ -323,11 +322,11 @@ def advise(s: Situation) -> Advice:
                                             "closer to greedy output, lower it for more tokens per step"))
     # 6. Where this machine's measurements disagree.
     if s.device == "cpu":
-        v8, v64 = FALLBACK_VERIFY_COST[8], FALLBACK_VERIFY_COST[64]
-        notes.append(f"Measured here (2-vCPU CPU, float32): verifying 8 tokens costs {v8:.1f}x and 64 tokens "
-                     f"{v64:.1f}x one single-token forward ({_CPU_MS[1]} / {_CPU_MS[8]} / {_CPU_MS[64]} ms), where the "
-                     "rules assume a GPU on which it costs about 1x. So smaller K and smaller Lookahead windows win "
-                     "on a CPU.")
+        v9, v64 = FALLBACK(9), FALLBACK(64)
+        notes.append(f"Measured here (2-vCPU CPU, float32, oneDNN layers): verifying 9 tokens costs {v9:.1f}x and "
+                     f"64 tokens {v64:.1f}x one single-token forward ({_CPU_MS[1]} / {_CPU_MS[9]} / {_CPU_MS[64]} ms), "
+                     "where the rules assume a GPU on which it costs about 1x. So smaller K and smaller Lookahead "
+                     "windows win on a CPU.")
         if primary == "draft_model" and k > 2:
             notes.append(f"On this CPU K = 2 is likely faster than K = {k}: each extra drafted token also makes "
                          "verification dearer (see the Theory tab with the measured verify cost).")
@@ -341,10 +340,10 @@ def advise(s: Situation) -> Advice:
                          f"small setting ({n_cpu} tokens per pass) is used instead.")
         if s.target_b <= 0.2:
             notes.append("Measured here with the default model (24 Spec-Bench questions, README): Lookahead "
-                         "(2, 3, 3) tau 1.68 at 0.90x, the distilled draft (K 4, confidence 0.7) 0.89x, Medusa with "
-                         "the shipped heads 0.69x: on this CPU verifying even 2 tokens costs 1.66x one token, so "
-                         "only prompt lookup beat plain decoding.")
+                         "(2, 3, 3) 1.19x (tau 1.68), Medusa with the shipped heads 1.06x (tau 1.37), the distilled "
+                         "draft (K 4, confidence 0.5) 0.93x: its agreement with the target (about 25 %) is too low "
+                         "to pay for drafting.")
         if primary in ("lookahead", "prompt_lookup") or "prompt_lookup" in methods:
-            notes.append("Measured here: prompt lookup gave 1.12x (tau 1.86) on 24 Spec-Bench multi-turn questions "
+            notes.append("Measured here: prompt lookup gave 1.42x (tau 1.86) on 24 Spec-Bench multi-turn questions "
                          "with the default model (README); it costs nothing to draft, so it is the safe pick on a CPU.")
     return Advice(primary, list(dict.fromkeys(methods)), params, reasons, notes)

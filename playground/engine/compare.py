@@ -215,6 +215,57 @@ class Engine:
         self.medusa_auto: tuple[TreeChoice, dict] | None = None  # the "auto" tree, chosen on first use
         self.lock = threading.Lock()
 
+    @classmethod
+    def load(cls, target: str, draft: str | None = None, medusa: str | None = None,
+             draft_medusa: str | None = None, device="auto", dtype="auto", progress=None,
+             methods: list[str] | None = None) -> "Engine":
+        """Load the models named by specs and build an engine: the one loading path of the app,
+        the benchmark and the presets.
+
+        Args:
+            target: the target's spec (``models.load_model``).
+            draft: the draft's spec; None: the shipped draft when the target is the embedded
+                default (``models.default_draft_spec``); ``"none"``: no draft.
+            medusa: the target's Medusa heads; None: the shipped heads for the embedded default
+                (``medusa.heads_spec``); ``"none"``: no heads.
+            draft_medusa: Medusa heads trained on the draft (draft_model's ``proposer``
+                ``medusa_heads``); needs a draft.
+            device, dtype: as for ``models.load_model``; the draft follows the target.
+            progress: optional ``progress(fraction, message)``.
+            methods: when given, models that none of these methods uses are not loaded.
+
+        Raises:
+            models.ModelLoadError: a model or heads cannot be found or loaded, or a draft with a
+                different tokenizer.
+            ValueError: a bad device or dtype, or draft Medusa heads without a draft.
+        """
+        from . import models
+        from .medusa import heads_spec, load_heads
+
+        def wanted(method: str) -> bool:
+            return methods is None or method in methods
+
+        def say(message: str) -> None:
+            if progress is not None:
+                progress(0.0, message)
+
+        loaded = models.load_model(target, device, dtype, progress)
+        draft_spec = models.default_draft_spec(target, draft)
+        loaded_draft = (models.load_draft(draft_spec, loaded, progress=progress)
+                        if draft_spec and wanted("draft_model") else None)
+        heads = None
+        medusa_spec = heads_spec(target, medusa)
+        if medusa_spec and wanted("medusa"):
+            say(f"loading Medusa heads {medusa_spec}")
+            heads = load_heads(medusa_spec, loaded)
+        draft_heads = None
+        if draft_medusa and draft_medusa.lower() != "none" and wanted("draft_model"):
+            if loaded_draft is None:
+                raise ValueError("draft Medusa heads need a draft model (--draft)")
+            say(f"loading the draft's Medusa heads {draft_medusa}")
+            draft_heads = load_heads(draft_medusa, loaded_draft)
+        return cls(loaded, loaded_draft, medusa=heads, draft_medusa=draft_heads)
+
     # ----- what can run --------------------------------------------------------------
     def unavailable_reason(self, method: str) -> str | None:
         """Why ``method`` cannot run with the loaded models, or None when it can."""
@@ -289,10 +340,11 @@ class Engine:
         params = dict(params)
         if params.pop("proposer", DRAFT_PROPOSER_KNOB.default) == "medusa_heads":
             if self.draft_medusa is None:
-                raise ValueError("draft_model's proposer medusa_heads needs Medusa heads for the draft model "
-                                 "(Engine(draft_medusa=...)); none are loaded")
+                raise ValueError("draft_model's proposer medusa_heads needs Medusa heads trained on the draft "
+                                 "model (--draft-medusa PATH_OR_HUB_ID); none are loaded")
             params.pop("confidence", None)  # the heads propose in one pass: no per-token stop
-            return MedusaDraftDrafter(self.draft_lm, self.draft_medusa, **params)
+            return MedusaDraftDrafter(self.draft_lm, self.draft_medusa,
+                                      token_map=getattr(self.draft, "token_map", None), **params)
         return DraftModelDrafter(self.draft_lm, token_map=getattr(self.draft, "token_map", None), **params)
 
     # ----- prompts -------------------------------------------------------------------

@@ -73,6 +73,7 @@ class TokenMap:
         self.to_draft = torch.full((target_vocab,), self.unknown_id, dtype=torch.long)  # (target_vocab,)
         self.to_draft[known] = (ids >= 0).nonzero().flatten()
         self.target_vocab = target_vocab
+        self._index: tuple[torch.Tensor, torch.Tensor] | None = None  # (draft cols, target cols) on a device
 
     @classmethod
     def load(cls, folder: str | Path, target_vocab: int) -> "TokenMap | None":
@@ -83,6 +84,7 @@ class TokenMap:
         return cls(json.loads(path.read_text())["target_ids"], target_vocab)
 
     def save(self, folder: str | Path) -> None:
+        """Write the map to ``folder/draft_vocab.json`` (read back by :meth:`load`)."""
         (Path(folder) / TOKEN_MAP_FILE).write_text(json.dumps({"target_ids": self.to_target.tolist()}))
 
     def draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
@@ -90,11 +92,17 @@ class TokenMap:
         return self.to_draft[target_ids]
 
     def target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
-        """Draft logits ``(draft_vocab,)`` spread onto the target's vocabulary ``(target_vocab,)``;
-        target tokens the draft lacks (and the out-of-vocabulary slot) get -inf."""
-        out = torch.full((self.target_vocab,), float("-inf"), dtype=draft_logits.dtype, device=draft_logits.device)
-        keep = self.to_target >= 0
-        out[self.to_target[keep].to(draft_logits.device)] = draft_logits[keep.to(draft_logits.device)]
+        """Draft logits ``(..., draft_vocab)`` spread onto the target's vocabulary
+        ``(..., target_vocab)``; target tokens the draft lacks (and the out-of-vocabulary slot)
+        get -inf."""
+        device = draft_logits.device
+        if self._index is None or self._index[0].device != device:
+            keep = self.to_target >= 0
+            self._index = (keep.nonzero().flatten().to(device), self.to_target[keep].to(device))
+        draft_cols, target_cols = self._index
+        out = torch.full((*draft_logits.shape[:-1], self.target_vocab), float("-inf"),
+                         dtype=draft_logits.dtype, device=device)
+        out[..., target_cols] = draft_logits[..., draft_cols]
         return out
 
 
@@ -153,7 +161,8 @@ class DraftModelDrafter(Drafter):
         for i in range(k):
             # 1. Feed what the draft has not seen (the unseen tail, then each drafted token).
             feed = torch.tensor(pending if i == 0 else [drafted[-1]], dtype=torch.long)
-            logits = self.draft.forward(self.cache, feed if self.token_map is None else self.token_map.draft_ids(feed))[-1]
+            logits = self.draft.forward(self.cache, feed if self.token_map is None else self.token_map.draft_ids(feed),
+                                        last_only=True)[-1]
             if self.token_map is not None:
                 logits = self.token_map.target_logits(logits)
             self.fed.extend(feed.tolist())

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .draft_model import DraftModelDrafter
+from .draft_model import DraftModelDrafter, _fit_vocab
 from .drafter import DecodeState, Drafter
 from .limits import K_KNOB, MAX_MEDUSA_HEADS, POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB
 from .models import ModelLoadError
@@ -399,6 +399,8 @@ class MedusaDraftDrafter(DraftModelDrafter):
     Args:
         draft: the draft model wrapper; heads: Medusa heads trained on (and attached to) it.
         k: most tokens per step, in ``[1, MAX_SPECULATIVE_TOKENS]``.
+        token_map: the draft's :class:`~playground.engine.draft_model.TokenMap` when it has a
+            reduced vocabulary (its heads then predict draft ids too); None: same ids.
 
     The draft's own token is its argmax (greedy) or a sample from its distribution q; the heads'
     tokens are their argmax (deterministic: q one-hot), so speculative sampling stays exact.
@@ -406,8 +408,8 @@ class MedusaDraftDrafter(DraftModelDrafter):
 
     name = "draft_model"
 
-    def __init__(self, draft: CausalLM, heads: MedusaHeads, k: int = K_KNOB.default):
-        super().__init__(draft, k)
+    def __init__(self, draft: CausalLM, heads: MedusaHeads, k: int = K_KNOB.default, token_map=None):
+        super().__init__(draft, k, token_map=token_map)
         self.heads = heads
 
     @torch.inference_mode()
@@ -417,23 +419,29 @@ class MedusaDraftDrafter(DraftModelDrafter):
             return Candidates.empty(state.device)
         # 1. One draft forward over the tokens it has not seen yet.
         pending = self._sync_cache(state.tokens)
-        logits, hidden = self.draft.forward(self.cache, torch.tensor(pending, dtype=torch.long), return_hidden=True)
+        feed = torch.tensor(pending, dtype=torch.long)
+        logits, hidden = self.draft.forward(self.cache, feed if self.token_map is None else self.token_map.draft_ids(feed),
+                                            return_hidden=True, last_only=True)
         self.fed.extend(pending)
-        logits, hidden = logits[-1, :state.vocab_size], hidden[-1]
+        logits, hidden = logits[-1], hidden[-1]
+        head_logits = self.heads(hidden, k - 1) if k > 1 else None  # (k - 1, draft vocab)
+        if self.token_map is not None:
+            logits = self.token_map.target_logits(logits)
+            head_logits = self.token_map.target_logits(head_logits) if head_logits is not None else None
         # 2. The draft's next token: argmax, or a sample from q.
         q_rows = None
         if state.sampling.greedy:
-            first = int(logits.argmax())
+            first = int(logits[:state.vocab_size].argmax())
         else:
-            q = logits_to_probs(logits, state.sampling).to(state.device)
+            q = _fit_vocab(logits_to_probs(logits, state.sampling), state.vocab_size).to(state.device)
             first = int(torch.multinomial(q, 1, generator=state.generator).item())
             q_rows = [q]
-        # 3. The heads' argmax tokens for the positions after it.
-        rest = self.heads(hidden, k - 1)[:, :state.vocab_size].argmax(-1).tolist() if k > 1 else []
-        if q_rows is not None:
-            eye = torch.eye(state.vocab_size, device=state.device)
-            q_rows += [eye[t] for t in rest]
-        draft_probs = torch.stack(q_rows) if q_rows is not None else None
+        # 3. The heads' argmax tokens for the positions after it (q one-hot: deterministic).
+        rest = head_logits[:, :state.vocab_size].argmax(-1).tolist() if head_logits is not None else []
+        if q_rows is not None and rest:
+            q_rows.append(nn.functional.one_hot(torch.tensor(rest, device=state.device),
+                                                state.vocab_size).to(q_rows[0].dtype))
+        draft_probs = torch.cat([q_rows[0][None], *q_rows[1:]]) if q_rows is not None else None
         return Candidates.chain([first] + rest, self.source, draft_probs, device=state.device)
 
 

@@ -15,7 +15,7 @@ import logging
 import gradio as gr
 
 from playground import presets
-from playground.engine.compare import BASELINE, METHODS, Engine
+from playground.engine.compare import BASELINE, METHODS
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,8 @@ def preset_markdown(name: str) -> str:
 def load_preset(engine, name: str) -> str:
     """Load preset ``name`` into ``engine`` (its models are replaced); return a message.
 
-    Loading goes through :func:`presets.load_preset` (``models.load_model``); a failure
+    Loading goes through :func:`presets.load_preset` (``Engine.load``: the target, its draft
+    and Medusa heads, the shipped ones for the embedded default); a failure
     (no hub, unknown id, out of memory) is reported, and the loaded models stay.
     """
     from playground.engine.models import ModelLoadError
@@ -117,10 +118,10 @@ def load_preset(engine, name: str) -> str:
         p = presets.get_preset(name)
         if p.target == getattr(engine.target, "spec", None) and (p.draft is None or engine.draft is not None):
             return f"{p.label} is already loaded."
-        target, draft = presets.load_preset(name, engine.target.device, engine.target.dtype)
+        new = presets.load_preset(name, engine.target.device, engine.target.dtype)
     except (ModelLoadError, ValueError, MemoryError, OSError) as e:
         return f"**Could not load preset {html.escape(name)}:** {html.escape(str(e))}"
-    new = Engine(target, draft)
+    target, draft = new.target, new.draft
     with engine.lock:  # swap between steps: runs in flight finish their current step first
         engine.__dict__.update({k: v for k, v in new.__dict__.items() if k != "lock"})
     return (f"Loaded **{html.escape(target.name)}**" + (f" with draft {html.escape(draft.name)}" if draft else "")
