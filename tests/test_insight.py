@@ -53,13 +53,15 @@ def test_expected_speedup_hand_values():
 
 def test_optimal_k_hand_values():
     """a = 0.8, c = 0.05, cost 1: K=7 -> 4.16114/1.35 = 3.08233, K=8 -> 4.32891/1.40 = 3.09208,
-    K=9 -> 4.46313/1.45 = 3.07802, so K = 8. With the CPU fallback table larger K costs more: K = 4
+    K=9 -> 4.46313/1.45 = 3.07802, so K = 8. With a CPU-like table (8 tokens 2.0x, 64 tokens 4.975x,
+    MKL's float32 layers on the development machine) larger K costs more: K = 4
     (1.8977 vs K=3: 2.9520/(0.15+1.4286)=1.8700 and K=5: 3.6893/(0.25+1.7143)=1.8782)."""
     k, s = theory.optimal_k(0.8, 0.05)
     assert k == 8 and s == pytest.approx(4.3289134 / 1.4, rel=1e-6)
-    k, s = theory.optimal_k(0.8, 0.05, theory.FALLBACK)
+    cpu = theory.VerifyCost({1: 1.0, 8: 2.0, 64: 4.975})
+    k, s = theory.optimal_k(0.8, 0.05, cpu)
     assert k == 4 and s == pytest.approx(1.897677, abs=1e-6)
-    sug = theory.suggest_k(0.8, 0.05, theory.FALLBACK)
+    sug = theory.suggest_k(0.8, 0.05, cpu)
     assert sug.k == 4 and sug.pays_off and sug.tokens_per_step == pytest.approx(3.3616)
     # A useless draft: alpha 0 and a costly draft -> best K is 1 and it does not pay.
     sug = theory.suggest_k(0.0, 0.5)

@@ -15,9 +15,10 @@ from playground.engine.decoding import GenerationSettings
 from playground.engine.medusa import (MedusaDraftDrafter, MedusaDrafter, MedusaHeads, MedusaLoadError,
                                       head_acceptance, load_heads)
 from playground.engine.medusa_trees import (MC_SIM_7B_63, TREE_PRESETS, choose_tree, expected_tokens, greedy_tree,
-                                            preset_choices, rank_probs_from_accuracy, relative_cost)
+                                            preset_choices, rank_probs_from_accuracy)
 from playground.engine.sampling import SamplingConfig
 from playground.engine.target import CausalLM
+from playground.engine.theory import VerifyCost
 from playground.engine.tree import Candidates, TreeChoicesError, parse_tree_choices, tree_buffers
 from playground.engine.verify import TypicalAcceptance, verify_typical, verify_typical_reference
 
@@ -356,7 +357,7 @@ def test_tree_choice_follows_cost():
     assert len(flat.choices) == 64
     steep = choose_tree(rp, lambda q: 2.0 ** (q - 1))
     assert len(steep.choices) <= 1
-    cpu = choose_tree(rp, relative_cost({1: 1.0, 8: 1.3, 32: 2.1, 64: 3.0, 65: 3.03}))
+    cpu = choose_tree(rp, VerifyCost({1: 1.0, 8: 1.3, 32: 2.1, 64: 3.0, 65: 3.03}))
     assert 2 <= len(cpu.choices) < 64 and cpu.score > 1.0
     parse_tree_choices(cpu.choices, num_heads=4)
     assert "nodes" in cpu.describe()

@@ -25,6 +25,7 @@ import torch
 
 from .limits import MAX_MEDUSA_TREE_NODES, MEDUSA_TOP_K, ChoiceKnob
 from .target import CausalLM
+from .theory import measure_verify_cost
 from .tree import parse_tree_choices
 
 MC_SIM_7B_63 = [
@@ -197,46 +198,6 @@ COST_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 65)
 
 
 @torch.inference_mode()
-def measure_forward_cost(target: CausalLM, sizes=COST_SIZES, prefix_len: int = 128, repeats: int = 3,
-                         seed: int = 0) -> dict[int, float]:
-    """Median seconds of a target forward over q query tokens after a ``prefix_len`` cache, per q.
-
-    The queries form a chain (the cost of a pass depends on its size, not on its mask).
-    """
-    g = torch.Generator().manual_seed(seed)
-    vocab = target.vocab_size
-    cache = target.new_cache()
-    target.forward(cache, torch.randint(0, vocab, (prefix_len,), generator=g))
-    out = {}
-    for q in sizes:
-        times = []
-        for _ in range(repeats + 1):  # the first run of each size warms up and is dropped
-            ids = torch.randint(0, vocab, (q,), generator=g)
-            t0 = target.clock()
-            target.forward(cache, ids)
-            times.append(target.clock() - t0)
-            CausalLM.crop(cache, prefix_len)
-        out[q] = statistics.median(times[1:])
-    return out
-
-
-def relative_cost(seconds: dict[int, float]) -> Callable[[int], float]:
-    """``cost(q)``: linear interpolation of ``seconds`` (q -> s) divided by the one-token time."""
-    sizes = sorted(seconds)
-    base = seconds[1] if 1 in seconds else seconds[sizes[0]]
-
-    def cost(q: int) -> float:
-        if q <= sizes[0]:
-            return seconds[sizes[0]] / base
-        for a, b in zip(sizes, sizes[1:]):
-            if q <= b:
-                return (seconds[a] + (seconds[b] - seconds[a]) * (q - a) / (b - a)) / base
-        a, b = sizes[-2], sizes[-1]  # extrapolate with the last slope
-        return (seconds[b] + (seconds[b] - seconds[a]) * (q - b) / max(1, b - a)) / base
-    return cost
-
-
-@torch.inference_mode()
 def measure_head_accuracy(target: CausalLM, heads, prompt_ids: list[int], new_tokens: int = 48,
                           top_k: int = MEDUSA_TOP_K) -> list[list[float]]:
     """Top-1..top-k accuracy of each head on the target's own greedy continuation of a prompt.
@@ -291,12 +252,19 @@ def auto_tree(target: CausalLM, heads, calibration_ids: list[int] | None = None,
     """Choose a tree for this device: measured forward costs, the heads' accuracy (from their
     ``config.json`` when training recorded it, else measured on ``calibration_ids``).
 
+    The forward costs come from :func:`~playground.engine.theory.measure_verify_cost` (the Theory
+    tab's measurement).
+
     Returns:
         The :class:`TreeChoice` and a dict of what was measured (``seconds`` per query count,
         ``head_cost``, ``accuracy``, ``accuracy_source``, ``measure_s``).
+
+    Raises:
+        ValueError: the heads carry no accuracy and no calibration prompt was given.
     """
     t0 = time.perf_counter()
-    seconds = measure_forward_cost(target, sizes=tuple(s for s in COST_SIZES if s <= max_nodes + 1))
+    cost = measure_verify_cost(target, sizes=tuple(s for s in COST_SIZES if s <= max_nodes + 1), repeats=3)
+    seconds = dict(cost.seconds)
     if heads.top_k_accuracy is not None:
         accuracy, source = heads.top_k_accuracy, "held-out accuracy recorded at training"
     elif calibration_ids:
@@ -304,7 +272,7 @@ def auto_tree(target: CausalLM, heads, calibration_ids: list[int] | None = None,
     else:
         raise ValueError("auto tree: the heads carry no accuracy and no calibration prompt was given")
     head_cost = measure_head_cost(target, heads, seconds[1])
-    choice = choose_tree(rank_probs_from_accuracy(accuracy), relative_cost(seconds), max_nodes, head_cost)
+    choice = choose_tree(rank_probs_from_accuracy(accuracy), cost, max_nodes, head_cost)
     if not choice.choices:  # plain decoding wins: still propose the top-1 chain's first node
         choice.choices, choice.fallback = [[0]], True
     info = {"seconds": seconds, "head_cost": head_cost, "accuracy": accuracy, "accuracy_source": source,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .limits import POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB
 from .tree import Candidates
 
 
@@ -161,8 +162,8 @@ class TypicalAcceptance:
     tokens, not only the target's choice, so the output is no longer exactly the target's.
     """
 
-    posterior_threshold: float = 0.09
-    posterior_alpha: float = 0.3
+    posterior_threshold: float = POSTERIOR_THRESHOLD_KNOB.default
+    posterior_alpha: float = POSTERIOR_ALPHA_KNOB.default
 
     def thresholds(self, target_probs: torch.Tensor) -> torch.Tensor:
         """``(rows,)`` acceptance thresholds for ``target_probs`` ``(rows, vocab_size)``."""

@@ -184,15 +184,6 @@ def generate_conversations(model, tokenizer, out_path: Path, num: int, *, batch_
     return have
 
 
-def load_sequences(path: str | Path, min_len: int = 2) -> list[list[int]]:
-    """Token id sequences (prompt plus answer) from a file written by :func:`generate_conversations`.
-
-    Raises:
-        FileNotFoundError: no such file; ValueError: a line lacks ``input_ids``.
-    """
-    return [r["input_ids"] for r in load_records(path) if len(r["input_ids"]) >= min_len]
-
-
 def load_records(path: str | Path) -> list[dict]:
     """Every record of a conversations file (see the module docstring for the fields).
 
