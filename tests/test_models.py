@@ -244,3 +244,15 @@ def test_engine_load_is_the_one_loading_path():
         Engine.load("default", "none", "none", draft_medusa="some/heads", device="cpu", dtype="float32")
     preset = presets.load_preset("default", "cpu", "float32")
     assert preset.draft is not None and preset.medusa is not None
+
+
+def test_shipped_assets_serve_the_default_and_its_hub_id():
+    """The shipped draft and heads are chosen for the embedded default and for the same model's
+    hub id (what Spaces loads), never for other targets; an explicit spec or 'none' wins."""
+    from playground.engine.medusa import DEFAULT_HEADS_DIR, heads_spec
+
+    for target in ("default", M.DEFAULT_HUB_ID):
+        assert M.default_draft_spec(target) == str(M.DEFAULT_DRAFT_DIR)
+        assert heads_spec(target) == str(DEFAULT_HEADS_DIR)
+    assert M.default_draft_spec("other/model") is None and heads_spec("other/model") is None
+    assert M.default_draft_spec("default", "none") is None and heads_spec("default", "x/y") == "x/y"

@@ -8,7 +8,7 @@ a handful of rows costs about twice a single row (measured on the development ma
 ``torch.compile`` uses when it freezes a CPU model) keeps that cost nearly flat: 5 ms for 1 or
 2 tokens, 11 ms for 16. On the whole default model the forward pass over 1 / 2 / 5 / 11 tokens
 went from 69 / 108 / 136 / 145 ms to 67 / 82 / 97 / 105 ms. The arithmetic is still float32;
-only the summation order differs (logits within ~1e-3 of MKL's), and the baseline and every
+only the summation order differs (the default model's logits within ~1e-3 of MKL's), and the baseline and every
 method use the same layers, so exactness comparisons are unaffected.
 
 ``pack_linear_layers`` swaps each ``nn.Linear`` of a CPU float32 model for a

@@ -166,17 +166,17 @@ class DraftModelDrafter(Drafter):
             if self.token_map is not None:
                 logits = self.token_map.target_logits(logits)
             self.fed.extend(feed.tolist())
+            probs = None if state.sampling.greedy else logits_to_probs(logits, state.sampling)  # q, shared transform
             # 2. Stop early when the draft is unsure of this position (its distribution only).
             if self.confidence > 0:
-                q_max = (torch.softmax(logits[:state.vocab_size].float(), -1) if state.sampling.greedy
-                         else logits_to_probs(logits, state.sampling)).max()
+                q_max = (torch.softmax(logits[:state.vocab_size].float(), -1) if probs is None else probs).max()
                 if q_max < self.confidence:
                     break
-            # 3. Draft the next token: argmax, or a sample from q after the shared transform.
-            if state.sampling.greedy:  # only ids the target has (the draft's table may be padded)
+            # 3. Draft the next token: argmax, or a sample from q.
+            if probs is None:  # only ids the target has (the draft's table may be padded)
                 drafted.append(int(logits[:state.vocab_size].argmax()))
             else:
-                q = _fit_vocab(logits_to_probs(logits, state.sampling), state.vocab_size).to(state.device)
+                q = _fit_vocab(probs, state.vocab_size).to(state.device)
                 drafted.append(int(torch.multinomial(q, 1, generator=state.generator).item()))
                 q_rows.append(q)
         if not drafted:

@@ -44,10 +44,9 @@ LOOKAHEAD_PRESETS: dict[str, dict[str, int]] = {
     "33b": dict(window=7, ngram_size=5, guess_set_size=7),
 }
 """(W, N, G): the paper's settings for 7B / 13B / 33B models on a GPU (G = W), and a small CPU
-setting, also the knobs' default: on the development CPU a forward over 2 tokens already costs
-1.66x one token and over 9 tokens 2.2-2.7x (fp32, MKL's matrix-matrix products are far slower per
-row than its matrix-vector ones), so the window that keeps tokens per pass near 1 + 4 + 6 = 11
-loses least (README, "Lookahead on a CPU")."""
+setting, also the knobs' default: 11 tokens per pass, which cost about 1.4 single-token forwards
+on the development CPU (fp32, oneDNN layers); in a sweep there, larger windows raised tau but lost
+more in cost than they gained (README, "Verification on a CPU")."""
 
 
 class NgramPool:

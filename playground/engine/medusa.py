@@ -33,7 +33,7 @@ from torch import nn
 from .draft_model import DraftModelDrafter, _fit_vocab
 from .drafter import DecodeState, Drafter
 from .limits import K_KNOB, MAX_MEDUSA_HEADS, POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB
-from .models import ModelLoadError
+from .models import ModelLoadError, shipped_asset_spec
 from .sampling import logits_to_probs
 from .target import CausalLM
 from .tree import Candidates, TreeBuffers, parse_tree_choices, tree_buffers
@@ -323,20 +323,10 @@ def load_heads(spec: str | Path, target=None) -> MedusaHeads:
     return heads
 
 
-def default_heads_path(target_spec: str) -> Path | None:
-    """The shipped heads' folder for the embedded default target, when it is present."""
-    if target_spec == "default" and (DEFAULT_HEADS_DIR / CONFIG_NAME).is_file():
-        return DEFAULT_HEADS_DIR
-    return None
-
-
 def heads_spec(target_spec: str, medusa_spec: str | None = None) -> str | None:
     """The heads to load: ``medusa_spec`` when given (``"none"`` for none); otherwise the shipped
-    heads when the target is the embedded default and they are present (``assets/medusa/default``)."""
-    if medusa_spec:
-        return None if medusa_spec.lower() == "none" else medusa_spec
-    path = default_heads_path(target_spec)
-    return str(path) if path is not None else None
+    heads (``assets/medusa/default``) for the embedded default target (``models.shipped_asset_spec``)."""
+    return shipped_asset_spec(DEFAULT_HEADS_DIR, target_spec, medusa_spec, CONFIG_NAME)
 
 
 # ----- drafters ----------------------------------------------------------------------------------
@@ -429,19 +419,18 @@ class MedusaDraftDrafter(DraftModelDrafter):
             logits = self.token_map.target_logits(logits)
             head_logits = self.token_map.target_logits(head_logits) if head_logits is not None else None
         # 2. The draft's next token: argmax, or a sample from q.
-        q_rows = None
+        q = None
         if state.sampling.greedy:
             first = int(logits[:state.vocab_size].argmax())
         else:
             q = _fit_vocab(logits_to_probs(logits, state.sampling), state.vocab_size).to(state.device)
             first = int(torch.multinomial(q, 1, generator=state.generator).item())
-            q_rows = [q]
         # 3. The heads' argmax tokens for the positions after it (q one-hot: deterministic).
         rest = head_logits[:, :state.vocab_size].argmax(-1).tolist() if head_logits is not None else []
-        if q_rows is not None and rest:
-            q_rows.append(nn.functional.one_hot(torch.tensor(rest, device=state.device),
-                                                state.vocab_size).to(q_rows[0].dtype))
-        draft_probs = torch.cat([q_rows[0][None], *q_rows[1:]]) if q_rows is not None else None
+        draft_probs = None
+        if q is not None:  # (1 + len(rest), vocab_size): q, then one-hot rows for the heads' tokens
+            one_hot = nn.functional.one_hot(torch.tensor(rest, dtype=torch.long, device=state.device), state.vocab_size)
+            draft_probs = torch.cat([q[None], one_hot.to(q.dtype)])
         return Candidates.chain([first] + rest, self.source, draft_probs, device=state.device)
 
 

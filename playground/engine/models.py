@@ -353,14 +353,30 @@ DEFAULT_DRAFT_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft" / "
 """The draft distilled for the embedded default target (``python -m playground.training.draft``)."""
 
 
+DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""The embedded default's own hub repository (Hugging Face Spaces loads it where the GGUF package
+is missing). The draft and Medusa heads shipped for the default serve it too."""
+
+
+def shipped_asset_spec(folder: Path, target_spec: str, spec: str | None = None,
+                       marker: str = "config.json") -> str | None:
+    """What to load for an optional companion of the target (a draft, Medusa heads).
+
+    Returns ``spec`` when given (``"none"``: None); otherwise ``folder`` (an asset trained here)
+    when the target is the embedded default or its hub repository and ``folder/marker`` exists;
+    otherwise None.
+    """
+    if spec:
+        return None if spec.lower() == "none" else spec
+    if target_spec in (DEFAULT_TARGET, DEFAULT_HUB_ID) and (folder / marker).is_file():
+        return str(folder)
+    return None
+
+
 def default_draft_spec(target_spec: str, draft_spec: str | None = None) -> str | None:
     """The draft to load: ``draft_spec`` when given (``"none"`` for no draft); otherwise the
-    shipped distilled draft when the target is the embedded default and the draft is present."""
-    if draft_spec:
-        return None if draft_spec.lower() == "none" else draft_spec
-    if target_spec == "default" and (DEFAULT_DRAFT_DIR / "config.json").is_file():
-        return str(DEFAULT_DRAFT_DIR)
-    return None
+    shipped distilled draft (:data:`DEFAULT_DRAFT_DIR`) for the embedded default target."""
+    return shipped_asset_spec(DEFAULT_DRAFT_DIR, target_spec, draft_spec)
 
 
 def load_draft(spec: str, target: LoadedModel, device: str | torch.device | None = None,
