@@ -241,6 +241,26 @@ def test_greedy_lookahead_equals_baseline(sweep, seed_pool):
     assert multi > 0 and hits > 0
 
 
+def test_pool_size_and_hits_reach_the_run_statistics(sweep):
+    """Every event's statistics carry the drafter's pool size (equal to the n-grams the pool
+    holds, counted from its table) and pool hits (steps that accepted a pool token, counted from
+    the events), for the UI's stats line; the pool's running size matches a recount after
+    every kind of insert (new, repeated, evicting)."""
+    seed, target, prompt, _, _ = sweep[0]
+    drafter = LookaheadDrafter(2, 3, 3, seed=seed)
+    events = run_events(target, drafter, prompt, 32, eos_token_ids=(EOS,))
+    for i, e in enumerate(events):
+        assert set(e.stats.drafter) == {"pool_ngrams", "pool_hits"}
+        assert e.stats.drafter["pool_hits"] == sum(1 for x in events[1:i + 1] if x.accepted > 0)
+    assert events[-1].stats.drafter["pool_ngrams"] == sum(len(v) for v in drafter.pool.table.values()) > 0
+    assert events[-1].stats.as_dict()["drafter"] == events[-1].stats.drafter
+    pool = NgramPool(3, 2)
+    for ngram in ([1, 2, 3], [1, 2, 3], [1, 4, 5], [1, 6, 7], [2, 3, 4]):
+        pool.add(ngram)
+        assert len(pool) == sum(len(v) for v in pool.table.values())
+    assert len(pool) == 3
+
+
 def test_engine_registers_lookahead():
     """The registry lists lookahead as lossless without a draft, with the knobs window,
     ngram_size, guess_set_size (bounds [1, 20], [2, 8], [1, 20]); the engine builds it; the

@@ -194,5 +194,8 @@ def test_stats_line_and_badges():
     assert "done (max new tokens)" in line
     line = render.stats_line({**stats, "alpha": None}, baseline_tokens_per_s=None, is_baseline=False)
     assert "no baseline" in line and "α –" in line and "done" not in line
+    line = render.stats_line({**stats, "drafter": {"pool_ngrams": 42, "pool_hits": 7}}, baseline_tokens_per_s=10.0,
+                             is_baseline=False)
+    assert "42 n-grams in the pool" in line and "7 steps with a pool hit" in line
     assert "pill-match" in render.badge("match", "ok") and "✓" in render.badge("match", "ok")
     assert "&lt;x&gt;" in render.status_html("warning", "<x>")

@@ -110,6 +110,7 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         accepted_kept = min(accepted, sum(1 for s in sources if s != SOURCE_TARGET))
         stats.record_step(seconds=seconds, emitted=len(new), proposed=proposed, accepted=accepted_kept,
                           draft_s=draft_s, verify_s=seconds - draft_s, proposed_depth=depth, prefill=step == 0)
+        stats.drafter = drafter.info()
         tokens.extend(new)
         pieces = [(detok.add(t), s) for t, s in zip(new, sources)] if detok else []
         if reason and detok:

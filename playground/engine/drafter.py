@@ -98,3 +98,9 @@ class Drafter:
 
     def update(self, result: StepResult) -> None:
         """Learn from the step's verdict (roll back caches, update pools)."""
+
+    def info(self) -> dict[str, int | float]:
+        """Figures of this drafter's own state after the latest step, shown beside the run's
+        statistics (``RunStats.drafter``; e.g. Lookahead's pool size and hits). Plain data;
+        empty by default."""
+        return {}

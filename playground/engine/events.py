@@ -46,6 +46,8 @@ class RunStats:
     accepted_at: list[int] = field(default_factory=list)
     # (elapsed seconds, total new tokens) after each step, for charts.
     timeline: list[tuple[float, int]] = field(default_factory=list)
+    # The drafter's own figures after the latest step (``Drafter.info()``), e.g. Lookahead's pool.
+    drafter: dict = field(default_factory=dict)
 
     def record_step(self, *, seconds: float, emitted: int, proposed: int = 0, accepted: int = 0,
                     draft_s: float = 0.0, verify_s: float = 0.0, proposed_depth: int = 0,
@@ -84,7 +86,7 @@ class RunStats:
     def snapshot(self) -> "RunStats":
         """A copy that later steps leave unchanged (each event carries the totals after its step)."""
         return replace(self, proposed_at=list(self.proposed_at), accepted_at=list(self.accepted_at),
-                       timeline=list(self.timeline))
+                       timeline=list(self.timeline), drafter=dict(self.drafter))
 
     @property
     def tokens_per_s(self) -> float:
@@ -127,6 +129,7 @@ class RunStats:
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
             "per_position_acceptance": self.per_position_acceptance,
+            "drafter": dict(self.drafter),
         }
 
 

@@ -61,6 +61,7 @@ class NgramPool:
         self.ngram_size = ngram_size
         self.guess_set_size = guess_set_size
         self.table: dict[int, list[tuple[int, ...]]] = {}
+        self._size = 0  # n-grams held (kept up to date by add)
 
     def add(self, ngram: list[int] | tuple[int, ...]) -> None:
         """Insert one n-gram ``(ngram_size,)``: key ``ngram[0]``, continuation ``ngram[1:]``."""
@@ -71,9 +72,12 @@ class NgramPool:
         # 1. Dedup: a repeated n-gram becomes the most recent. 2. Evict the oldest beyond G.
         if value in entries:
             entries.remove(value)
+            self._size -= 1
         entries.append(value)
+        self._size += 1
         if len(entries) > self.guess_set_size:
             del entries[0]
+            self._size -= 1
 
     def add_sequence(self, tokens: list[int]) -> None:
         """Insert every n-gram of ``tokens`` (e.g. the prompt), in order."""
@@ -85,7 +89,7 @@ class NgramPool:
         return list(reversed(self.table.get(int(key), [])))
 
     def __len__(self) -> int:
-        return sum(len(v) for v in self.table.values())
+        return self._size
 
 
 def candidate_tree(continuations: list[tuple[int, ...]], budget: int, source: str = SOURCE_LOOKAHEAD,
@@ -197,6 +201,10 @@ class LookaheadDrafter(Drafter):
         self.harvested = len(self.prompt) + 1  # first (exclusive) end of an output n-gram not yet pooled
         self.pool_hits = 0
         self.pool_tokens_accepted = 0
+
+    def info(self) -> dict[str, int]:
+        """The pool's size (n-grams) and hits (steps that accepted a pool token) so far."""
+        return {"pool_ngrams": len(self.pool), "pool_hits": self.pool_hits}
 
     def _fresh(self, count: int) -> list[int]:
         return [self.rng.choice(self.prompt) for _ in range(count)]

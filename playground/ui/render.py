@@ -96,12 +96,17 @@ def _num(x: float | None, fmt: str, missing: str = "–") -> str:
     return missing if x is None else format(x, fmt)
 
 
+DRAFTER_INFO_LABELS = {"pool_ngrams": "n-grams in the pool", "pool_hits": "steps with a pool hit"}
+"""How the drafters' own figures (``RunStats.drafter``) read in the stats line; others show their key."""
+
+
 def stats_line(stats: Mapping, *, baseline_tokens_per_s: float | None, is_baseline: bool,
                finish_reason: str | None = None) -> str:
     """One Markdown line of a method's running statistics.
 
     Args:
-        stats: ``RunStats.as_dict()`` (new_tokens, steps, tokens_per_s, tau, alpha, ttft_s, ...).
+        stats: ``RunStats.as_dict()`` (new_tokens, steps, tokens_per_s, tau, alpha, ttft_s, ...);
+            its ``drafter`` figures (e.g. Lookahead's pool size and hits) follow the totals.
         baseline_tokens_per_s: the autoregressive baseline's tokens/s in the same run,
             None when no baseline ran (no speedup shown).
         is_baseline: this method is the baseline (speedup shown as 1.00x).
@@ -124,6 +129,7 @@ def stats_line(stats: Mapping, *, baseline_tokens_per_s: float | None, is_baseli
         f"α {_num(None if alpha is None else 100 * alpha, '.0f')}{'' if alpha is None else '%'}",
         f"TTFT {_num(stats.get('ttft_s'), '.2f')} s",
     ]
+    parts += [f"{value} {DRAFTER_INFO_LABELS.get(key, key)}" for key, value in (stats.get("drafter") or {}).items()]
     if finish_reason is None:  # no "running" mark: a stopped run's last line must not claim it
         return " · ".join(parts)
     done = {"eos": "done (end of text)", "length": "done (max new tokens)", "stop": "done (stop string)",
