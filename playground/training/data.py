@@ -9,8 +9,10 @@ trained on):
 1. **Prompts, the Magpie way** (Xu et al. 2024, "Magpie: Alignment Data Synthesis from
    Scratch by Prompting Aligned LLMs with Nothing"): give the instruct target only its chat
    template up to the start of a user turn, ``<|im_start|>system\\n…<|im_end|>\\n<|im_start|>user\\n``,
-   and sample (temperature 1.0, top-p 0.95) until the end-of-turn token. The model writes a
-   plausible user request. A handful of system prompts (general, code, maths, writing, ...)
+   and sample (temperature 1.0, top-k 100) until the end-of-turn token. The model writes a
+   plausible user request. (Top-k rather than top-p: top-p sorts the whole 49k-token
+   vocabulary of every row at every step, about 0.6 s per step for 64 rows on a 2-core CPU,
+   longer than the model's own forward pass.) A handful of system prompts (general, code, maths, writing, ...)
    spread the requests over the kinds of tasks a playground user asks.
 2. **Answers**: the target answers each request with its chat template applied. Answers are
    greedy by default, because greedy decoding is what the lossless methods are benchmarked
@@ -19,7 +21,7 @@ trained on):
    is unavailable: Cai et al. 2024, section 3.3).
 
 Output: JSON Lines, one conversation a line:
-``{"input_ids": [...], "prompt_len": int, "system": str, "question": str, "answer": str}``,
+``{"input_ids": [...], "prompt_len": int, "system": str, "question": str, "answer": str, "batch": int}``,
 where ``input_ids`` is the chat-templated prompt followed by the answer's token ids (the
 end-of-turn token included when the model produced it) and ``prompt_len`` counts the prompt
 part; plus, by default, ``"teacher_top_ids"`` and ``"teacher_top_logprobs"``: for each answer
@@ -41,6 +43,8 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 SYSTEM_PROMPTS = (
     "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
@@ -53,6 +57,9 @@ SYSTEM_PROMPTS = (
     "You are a friendly assistant who gives practical advice.",
 )
 """System prompts used to steer the Magpie user turns towards varied tasks."""
+
+QUESTION_TOP_K = 100
+"""User turns (and answers with ``--sample-answers``) are sampled at temperature 1 from the top-k tokens."""
 
 
 def magpie_prefix(tokenizer, system: str) -> str:
@@ -73,41 +80,50 @@ def magpie_prefix(tokenizer, system: str) -> str:
 
 
 def _generate(model, tokenizer, texts: list[str], max_new_tokens: int, sample: bool, stop_ids: list[int],
-              seed: int, teacher_top_k: int = 0) -> tuple[list[list[int]], list[tuple[list, list]]]:
+              seed: int, teacher_top_k: int = 0,
+              keep_states: bool = False) -> tuple[list[list[int]], list[tuple[list, list]], list[torch.Tensor]]:
     """Batched ``generate`` with left padding.
 
     Returns:
         Each row's new ids, cut after the first stop id; and, when ``teacher_top_k`` > 0,
         for each row the target's top-k ids and log-probabilities at every new position
         (``(len(row), k)`` nested lists; the distribution each new token was chosen from),
-        read from the same pass so that no second target pass is needed.
+        read from the same pass so that no second target pass is needed; and, when
+        ``keep_states``, each row's last hidden states ``(len(row), hidden_size)`` (bfloat16,
+        CPU) at the positions that predicted its new tokens: the last prompt token, then every
+        new token but the last (see :func:`load_answer_states`).
     """
     tokenizer.padding_side = "left"
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     torch.manual_seed(seed)
-    kwargs = dict(do_sample=True, temperature=1.0, top_p=0.95, top_k=0) if sample else dict(do_sample=False)
+    kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=QUESTION_TOP_K) if sample else dict(do_sample=False)
     with torch.inference_mode():
         out = model.generate(**batch, max_new_tokens=max_new_tokens, eos_token_id=stop_ids,
                              pad_token_id=tokenizer.pad_token_id, output_logits=teacher_top_k > 0,
-                             return_dict_in_generate=True, **kwargs)
+                             output_hidden_states=keep_states, return_dict_in_generate=True, **kwargs)
+    states = None
+    if keep_states:  # step 0 holds the whole (left-padded) prompt; its last position is the last prompt token
+        states = torch.stack([step[-1][:, -1] for step in out.hidden_states], 1).to("cpu", torch.bfloat16)
     topk = None
     if teacher_top_k > 0:
         logprobs = torch.stack(out.logits, 1).float().log_softmax(-1)  # (batch, new, vocab)
         values, ids = logprobs.topk(teacher_top_k, -1)
         topk = (ids.tolist(), [[[round(v, 3) for v in pos] for pos in row] for row in values.tolist()])
-    rows, teacher = [], []
+    rows, teacher, kept = [], [], []
     for r, row in enumerate(out.sequences[:, batch["input_ids"].shape[1]:].tolist()):
         cut = next((i + 1 for i, t in enumerate(row) if t in stop_ids), len(row))
         rows.append(row[:cut])
         if topk is not None:
             teacher.append((topk[0][r][:cut], topk[1][r][:cut]))
-    return rows, teacher
+        if states is not None:
+            kept.append(states[r, :cut].clone())
+    return rows, teacher, kept
 
 
 def generate_conversations(model, tokenizer, out_path: Path, num: int, *, batch_size: int = 32,
                            question_tokens: int = 64, answer_tokens: int = 192, greedy_answers: bool = True,
                            seed: int = 0, stop_ids: list[int] | None = None, teacher_top_k: int = 8,
-                           log=print) -> int:
+                           keep_states: bool = False, target_name: str = "", log=print) -> int:
     """Append self-generated conversations to ``out_path`` until it holds ``num``.
 
     Args:
@@ -123,6 +139,11 @@ def generate_conversations(model, tokenizer, out_path: Path, num: int, *, batch_
         teacher_top_k: also store the target's top-k next-token ids and log-probabilities at
             every answer position (fields ``teacher_top_ids``, ``teacher_top_logprobs``; 0: none),
             the soft labels of draft distillation, taken from the generating pass itself.
+        keep_states: also save the target's last hidden states at the answer positions, one
+            safetensors file per batch next to ``out_path`` (:func:`states_path`), so that the
+            Medusa trainer need not run the target over the data again (:func:`load_answer_states`).
+        target_name: the target's name, stored with the states (the trainer uses states only
+            for the target they came from).
         log: progress printer.
 
     Returns:
@@ -138,20 +159,24 @@ def generate_conversations(model, tokenizer, out_path: Path, num: int, *, batch_
         tokenizer.pad_token = tokenizer.eos_token
     out_path.parent.mkdir(parents=True, exist_ok=True)
     seen: set[str] = set()
-    have = 0
+    have, last_batch = 0, -1
     if out_path.exists():
         for line in out_path.read_text().splitlines():
             if line.strip():
-                seen.add(json.loads(line)["question"])
+                record = json.loads(line)
+                seen.add(record["question"])
+                last_batch = max(last_batch, int(record.get("batch", -1)))
                 have += 1
     start, made_tokens = time.perf_counter(), 0
-    batch_index = have // batch_size
+    # Resume after the last batch written (files without batch numbers: an estimate; batches
+    # already used only repeat questions, which are skipped).
+    batch_index = last_batch + 1 if last_batch >= 0 else have // batch_size
     while have < num:
         rng = random.Random(seed + batch_index)
         systems = [rng.choice(SYSTEM_PROMPTS) for _ in range(batch_size)]
         # 1. The model writes user requests from the bare template prefix.
         prefixes = [magpie_prefix(tokenizer, s) for s in systems]
-        q_ids, _ = _generate(model, tokenizer, prefixes, question_tokens, True, stop_ids, seed + batch_index)
+        q_ids, _, _ = _generate(model, tokenizer, prefixes, question_tokens, True, stop_ids, seed + batch_index)
         questions = []
         for s, ids in zip(systems, q_ids):
             q = tokenizer.decode([t for t in ids if t not in stop_ids], skip_special_tokens=True).strip()
@@ -165,14 +190,18 @@ def generate_conversations(model, tokenizer, out_path: Path, num: int, *, batch_
         # 2. The model answers them.
         prompts = [tokenizer.apply_chat_template([{"role": "system", "content": s}, {"role": "user", "content": q}],
                                                  tokenize=False, add_generation_prompt=True) for s, q in questions]
-        a_ids, teacher = _generate(model, tokenizer, prompts, answer_tokens, not greedy_answers, stop_ids,
-                                   seed + 10_000 + batch_index, teacher_top_k)
+        a_ids, teacher, states = _generate(model, tokenizer, prompts, answer_tokens, not greedy_answers, stop_ids,
+                                           seed + 10_000 + batch_index, teacher_top_k, keep_states)
+        if keep_states:  # before the records: a record with a batch number always has its states
+            path = states_path(out_path, batch_index)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_file({str(i): st for i, st in enumerate(states)}, str(path), metadata={"target": target_name})
         with out_path.open("a") as f:
             for i, ((s, q), text, ids) in enumerate(zip(questions, prompts, a_ids)):
                 p_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
                 answer = tokenizer.decode(ids, skip_special_tokens=True)
                 record = {"input_ids": p_ids + ids, "prompt_len": len(p_ids), "system": s, "question": q,
-                          "answer": answer}
+                          "answer": answer, "batch": batch_index, "row": i}
                 if teacher:
                     record["teacher_top_ids"], record["teacher_top_logprobs"] = teacher[i]
                 f.write(json.dumps(record) + "\n")
@@ -182,6 +211,38 @@ def generate_conversations(model, tokenizer, out_path: Path, num: int, *, batch_
         rate = made_tokens / (time.perf_counter() - start)
         log(f"[data] {have}/{num} conversations, {rate:.0f} tokens/s written")
     return have
+
+
+def states_path(out_path: Path, batch: int) -> Path:
+    """The hidden-state file of one batch: ``<out>.states/batch_<b>.safetensors``."""
+    return Path(str(out_path) + ".states") / f"batch_{batch:05d}.safetensors"
+
+
+def load_answer_states(out_path: str | Path, records: list[dict], target_name: str) -> list[torch.Tensor | None]:
+    """The target's last hidden states saved with each record (``keep_states``), else None.
+
+    For a record with ``prompt_len`` P and ``len(input_ids)`` L the tensor is ``(L - P, hidden_size)``
+    bfloat16: the states at positions P - 1 … L - 2, the positions whose next token is an answer
+    token. Records without a batch file, from another target, or whose state count does not match
+    get None (the caller computes those itself).
+    """
+    out, by_batch = [], {}
+    for r in records:
+        if "batch" not in r or "row" not in r:
+            out.append(None)
+            continue
+        b = int(r["batch"])
+        if b not in by_batch:
+            path = states_path(Path(out_path), b)
+            by_batch[b] = None
+            if path.exists():
+                with safe_open(str(path), "pt") as f:
+                    if (f.metadata() or {}).get("target") == target_name:
+                        by_batch[b] = {k: f.get_tensor(k) for k in f.keys()}
+        states = (by_batch[b] or {}).get(str(r["row"]))
+        ok = states is not None and states.shape[0] == len(r["input_ids"]) - int(r["prompt_len"])
+        out.append(states if ok else None)
+    return out
 
 
 def load_records(path: str | Path) -> list[dict]:
@@ -223,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-answers", action="store_true", help="sample answers at temperature 1 (default greedy)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--teacher-top-k", type=int, default=8, help="store the target's top-k at answer positions")
+    p.add_argument("--keep-states", action=argparse.BooleanOptionalAction, default=True,
+                   help="save the target's last hidden states at answer positions for the Medusa trainer "
+                        "(about 1.2 KB a token, in OUT.states/)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     args = p.parse_args(argv)
@@ -231,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     have = generate_conversations(loaded.model, loaded.tokenizer, args.out, args.num, batch_size=args.batch_size,
                                   question_tokens=args.question_tokens, answer_tokens=args.answer_tokens,
                                   greedy_answers=not args.sample_answers, seed=args.seed,
-                                  stop_ids=list(loaded.eos_token_ids), teacher_top_k=args.teacher_top_k)
+                                  stop_ids=list(loaded.eos_token_ids), teacher_top_k=args.teacher_top_k,
+                                  keep_states=args.keep_states, target_name=loaded.spec)
     print(f"[data] {args.out}: {have} conversations")
     return 0
 

@@ -13,7 +13,8 @@ Steps:
 2. Run the frozen target once over every conversation (``torch.inference_mode``, in batches)
    and keep the last hidden state at each answer position with the next ``num_heads + 1``
    tokens as labels. The heads then train on these cached features: the target's forward is
-   paid once, not once per epoch.
+   paid once, not once per epoch. Conversations whose states the data generator saved
+   (``--keep-states``, the default there) skip this pass.
 3. Train the heads (AdamW, warm-up then cosine decay), a progress bar showing the loss.
 4. Report per-head top-1 and top-5 accuracy on the held-out split and save the heads in the
    reference format (plus the held-out top-1..top-10 accuracy, used to pick a tree per device).
@@ -73,7 +74,8 @@ def _positions(ids: list[int], prompt_len: int, num_heads: int) -> tuple[list[in
 
 @torch.inference_mode()
 def collect_features(model, records: list[dict], num_heads: int, batch_size: int = 8, max_len: int = 1024,
-                     storage_dtype: torch.dtype = torch.bfloat16, progress: bool = True) -> Features:
+                     storage_dtype: torch.dtype = torch.bfloat16, progress: bool = True,
+                     saved_states: list[torch.Tensor | None] | None = None) -> Features:
     """Run the frozen ``model`` over the conversations; keep hidden states and labels at answer positions.
 
     Args:
@@ -83,10 +85,22 @@ def collect_features(model, records: list[dict], num_heads: int, batch_size: int
         batch_size: conversations per forward pass (right-padded; causal attention keeps real
             tokens unaffected by the padding).
         max_len: conversations are cut to this many tokens.
+        saved_states: per record, the states the data generator saved
+            (:func:`playground.training.data.load_answer_states`, ``(L - P, hidden_size)``) or
+            None; records that have them skip the forward pass.
     """
     device = next(model.parameters()).device
-    order = sorted(range(len(records)), key=lambda i: len(records[i]["input_ids"]))
+    saved_states = saved_states or [None] * len(records)
     hidden_parts, label_parts = [], []
+    for r, states in zip(records, saved_states):
+        if states is not None:
+            ids, start = list(r["input_ids"][:max_len]), int(r["prompt_len"]) - 1
+            positions, labels = _positions(ids, int(r["prompt_len"]), num_heads)
+            if positions:
+                hidden_parts.append(states[[t - start for t in positions]].to(storage_dtype))
+                label_parts.append(torch.tensor(labels, dtype=torch.long))
+    order = sorted((i for i in range(len(records)) if saved_states[i] is None),
+                   key=lambda i: len(records[i]["input_ids"]))
     bar = _bar(len(order), "features", progress)
     for start in range(0, len(order), batch_size):
         batch = [records[i] for i in order[start:start + batch_size]]
@@ -271,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from playground.engine.models import ModelLoadError, load_model
-    from playground.training.data import load_records, split_records
+    from playground.training.data import load_answer_states, load_records, split_records
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -296,11 +310,15 @@ def main(argv: list[str] | None = None) -> int:
     config = model.config.get_text_config()
     progress = not args.no_progress
     t0 = time.perf_counter()
-    train = collect_features(model, train_records, args.heads, args.feature_batch, args.max_len, progress=progress)
-    held = collect_features(model, held_records, args.heads, args.feature_batch, args.max_len, progress=progress)
+    saved = {id(r): s for r, s in zip(records, load_answer_states(args.data, records, target.spec))}
+    train, held = (collect_features(model, part, args.heads, args.feature_batch, args.max_len, progress=progress,
+                                    saved_states=[saved[id(r)] for r in part])
+                   for part in (train_records, held_records))
     t_feat = time.perf_counter() - t0
+    n_saved = sum(s is not None for s in saved.values())
     print(f"{len(train)} training positions from {len(train_records)} conversations, {len(held)} held-out "
-          f"positions from {len(held_records)}; features in {t_feat:.0f} s", file=sys.stderr)
+          f"positions from {len(held_records)}; features in {t_feat:.0f} s ({n_saved} conversations' "
+          f"states saved by the data generator)", file=sys.stderr)
 
     heads = MedusaHeads(int(config.hidden_size), int(config.vocab_size), args.heads, args.layers,
                         share_lm_head=args.share_lm_head, base_model_name_or_path=target.spec)

@@ -1,0 +1,85 @@
+"""Self-distillation data (playground.training.data): Magpie prefixes, the record format, the
+teacher's top-k soft labels, and resuming an interrupted run without repeating a batch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from helpers import tiny_llama
+from playground.training.data import (SYSTEM_PROMPTS, generate_conversations, load_answer_states, load_records,
+                                      magpie_prefix)
+from playground.training.medusa import collect_features
+
+pytestmark = pytest.mark.real_model  # the default model's tokenizer and chat template
+
+
+@pytest.fixture(scope="module")
+def tokenizer(real_target):
+    return real_target.tokenizer
+
+
+def test_magpie_prefix_is_the_template_up_to_the_user_turn(tokenizer):
+    prefix = magpie_prefix(tokenizer, SYSTEM_PROMPTS[0])
+    assert prefix.endswith("<|im_start|>user\n")
+    assert SYSTEM_PROMPTS[0] in prefix and "MAGPIE" not in prefix
+
+
+def test_conversations_file_format_teacher_labels_and_resume(tokenizer, tmp_path, torch_single_thread):
+    vocab = len(tokenizer)
+    # Near-uniform next-token distributions (small output weights): requests are random text;
+    # one id in ten ends a turn, so most rows stop well inside the caps.
+    model = tiny_llama(0, vocab_size=vocab, head_std=0.02)
+    stop_ids = [tokenizer.eos_token_id] + list(range(3, vocab, 10))
+    out = tmp_path / "conv.jsonl"
+    kwargs = dict(batch_size=6, question_tokens=40, answer_tokens=7, stop_ids=stop_ids, teacher_top_k=4,
+                  keep_states=True, target_name="tiny", log=lambda _: None)
+
+    have = generate_conversations(model, tokenizer, out, 4, **kwargs)
+    first = load_records(out)
+    assert have == len(first) >= 4
+    for r in first:
+        ids, n = r["input_ids"], r["prompt_len"]
+        prompt = tokenizer.apply_chat_template([{"role": "system", "content": r["system"]},
+                                                {"role": "user", "content": r["question"]}],
+                                               tokenize=False, add_generation_prompt=True)
+        assert ids[:n] == tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        answer = ids[n:]
+        assert 1 <= len(answer) <= 7 and not any(t in stop_ids for t in answer[:-1])
+        assert len(r["question"]) >= 12 and r["system"] in SYSTEM_PROMPTS
+        # Greedy answers: every answer token is the teacher's top-1 at its position.
+        assert [row[0] for row in r["teacher_top_ids"]] == answer
+        assert all(len(row) == 4 for row in r["teacher_top_ids"])
+        logprobs = torch.tensor(r["teacher_top_logprobs"])
+        assert bool((logprobs <= 0).all()) and bool((logprobs[:, :-1] >= logprobs[:, 1:] - 1e-3).all())
+
+    # Resume: new records continue after the last batch and never repeat a request.
+    have = generate_conversations(model, tokenizer, out, have + 3, **kwargs)
+    records = load_records(out)
+    assert have == len(records) >= len(first) + 3
+    assert records[:len(first)] == first
+    last_batch = max(r["batch"] for r in first)
+    assert all(r["batch"] > last_batch for r in records[len(first):])
+    assert len({r["question"] for r in records}) == len(records)
+    assert all(json.loads(line) for line in out.read_text().splitlines())
+
+    # The saved hidden states are the ones the Medusa trainer would compute (bfloat16 storage).
+    saved = load_answer_states(out, records, "tiny")
+    assert all(s is not None and s.shape == (len(r["input_ids"]) - r["prompt_len"], 32)
+               for s, r in zip(saved, records))
+    for r, states in zip(records, saved):
+        if len(r["input_ids"]) - r["prompt_len"] < 2:
+            continue  # no position with a label two tokens ahead
+        from_saved = collect_features(model, [r], 2, progress=False, saved_states=[states])
+        computed = collect_features(model, [r], 2, progress=False)
+        assert torch.equal(from_saved.labels, computed.labels)
+        torch.testing.assert_close(from_saved.hidden.float(), computed.hidden.float(), atol=0.05, rtol=0.02)
+    # States of another target are not used.
+    assert load_answer_states(out, records, "another model") == [None] * len(records)
+
+
+def test_num_must_be_positive(tokenizer, tmp_path):
+    with pytest.raises(ValueError, match="num must be at least 1"):
+        generate_conversations(tiny_llama(0), tokenizer, tmp_path / "x.jsonl", 0)
