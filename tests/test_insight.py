@@ -51,6 +51,16 @@ def test_expected_speedup_hand_values():
     assert theory.expected_speedup(0.3, 0, 0.5) == 1.0
 
 
+def test_verify_cost_made_monotone():
+    """A dip in a measured table (4 tokens cheaper than 1 and than 2) is raised to the running maximum."""
+    measured = theory.VerifyCost({1: 1.0, 2: 1.2, 4: 0.94, 8: 1.3, 16: 1.25}, {1: 0.064}, source="probe")
+    fixed = measured.monotone()
+    assert dict(fixed.table) == {1: 1.0, 2: 1.2, 4: 1.2, 8: 1.3, 16: 1.3}
+    assert fixed(3) == pytest.approx(1.2) and fixed(12) == pytest.approx(1.3)
+    assert fixed.seconds == {1: 0.064} and "non-decreasing" in fixed.source
+    assert dict(theory.VerifyCost({1: 1.0, 8: 2.0}).monotone().table) == {1: 1.0, 8: 2.0}
+
+
 def test_optimal_k_hand_values():
     """a = 0.8, c = 0.05, cost 1: K=7 -> 4.16114/1.35 = 3.08233, K=8 -> 4.32891/1.40 = 3.09208,
     K=9 -> 4.46313/1.45 = 3.07802, so K = 8. With a CPU-like table (8 tokens 2.0x, 64 tokens 4.975x,

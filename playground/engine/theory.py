@@ -112,6 +112,17 @@ class VerifyCost:
         slope = (costs[hi] - costs[lo]) / (sizes[hi] - sizes[lo])
         return max(costs[0], costs[lo] + slope * (n - sizes[lo]))
 
+    def monotone(self) -> "VerifyCost":
+        """The same table made non-decreasing in n: each cost is raised to the largest cost of any
+        smaller n (1.0 at n = 1 stays the floor). A forward over more tokens never costs less,
+        so a dip in a measured table is timing noise, and a planner that believed it would
+        overrate big trees."""
+        table, top = {}, 0.0
+        for n in sorted(self.table):
+            top = max(top, float(self.table[n]))
+            table[n] = top
+        return VerifyCost(table, self.seconds, f"{self.source} (made non-decreasing in n)" if self.source else "")
+
     def as_dict(self) -> dict:
         """Plain data (JSON- and pickle-safe): ``{"table": {n: cost}, "seconds": {...}, "source": str}``."""
         return {"table": {int(k): float(v) for k, v in self.table.items()},
