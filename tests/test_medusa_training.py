@@ -10,7 +10,8 @@ import torch
 
 from helpers import FakeLoaded, tiny_llama
 from playground.engine.medusa import MedusaHeads, load_heads
-from playground.training.medusa import IGNORE, _positions, collect_features, evaluate, train_heads
+from playground.training.medusa import (IGNORE, LabelVocab, _positions, collect_features, evaluate, head_losses,
+                                        train_heads)
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
@@ -35,7 +36,38 @@ def test_positions_and_labels():
     assert labels == [[14, 15], [15, IGNORE]]
 
 
-def test_short_training_run_lowers_the_loss():
+def test_label_vocab_loss_matches_the_full_softmax():
+    """Over every token the label-vocabulary loss equals the full-vocabulary loss; over the labels'
+    tokens only it is the same cross-entropy with the other tokens left out of the normaliser."""
+    torch.manual_seed(0)
+    model = tiny_llama(0).requires_grad_(False)
+    heads = MedusaHeads(32, 64, 2, 1).attach_lm_head(model.get_output_embeddings())
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.3)
+    hidden = torch.randn(12, 32)
+    labels = torch.randint(0, 64, (12, 2))
+    labels[3, 1] = IGNORE
+    full = head_losses(heads, hidden, labels)
+    everything = LabelVocab.from_labels(heads, torch.arange(64)[:, None].expand(64, 2))
+    torch.testing.assert_close(head_losses(heads, hidden, everything.index(labels), everything), full)
+    vocab = LabelVocab.from_labels(heads, labels)
+    assert torch.equal(vocab.ids, torch.unique(labels[labels != IGNORE]))
+    rows = vocab.index(labels)
+    assert torch.equal(vocab.ids[rows[rows != IGNORE]], labels[labels != IGNORE]) and rows[3, 1] == IGNORE
+    logits = heads(hidden)[..., vocab.ids]
+    expected = torch.stack([torch.nn.functional.cross_entropy(logits[:, k], rows[:, k], ignore_index=IGNORE)
+                            for k in range(2)])
+    torch.testing.assert_close(head_losses(heads, hidden, rows, vocab), expected)
+    missing = next(t for t in range(64) if t not in vocab.ids.tolist())  # 23 labels: some token is missing
+    with pytest.raises(ValueError, match="not in the label vocabulary"):
+        vocab.index(torch.full((1, 2), missing))
+    with pytest.raises(ValueError, match="share an attached lm_head"):
+        LabelVocab.from_labels(MedusaHeads(32, 64, 2, 1, share_lm_head=False), labels)
+
+
+@pytest.mark.parametrize("label_vocab", [True, False])
+def test_short_training_run_lowers_the_loss(label_vocab):
     """40 steps on self-distilled data of a tiny model lower the weighted loss (mean of the last
     10 steps below 80% of the first 10) and raise head 1's held-out top-1 accuracy above the
     identity heads' (zero-initialised blocks)."""
@@ -45,7 +77,7 @@ def test_short_training_run_lowers_the_loss():
     held = collect_features(model, records[20:], num_heads=2, batch_size=4, progress=False)
     heads = MedusaHeads(32, 64, 2, 1).attach_lm_head(model.get_output_embeddings())
     before, _ = evaluate(heads, held)
-    history = train_heads(heads, train, max_steps=40, batch_size=32, lr=1e-2, progress=False)
+    history = train_heads(heads, train, max_steps=40, batch_size=32, lr=1e-2, progress=False, label_vocab=label_vocab)
     after, _ = evaluate(heads, held)
     first, last = sum(history[:10]) / 10, sum(history[-10:]) / 10
     assert last < 0.8 * first, (first, last)
