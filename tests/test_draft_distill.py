@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
-from helpers import (bench_prompts, chi_square_gof, clear_greedy_baseline, noisy_copy, output_ids, run_events,
+from helpers import (FakeLoaded, bench_prompts, chi_square_gof, clear_greedy_baseline, noisy_copy, output_ids, run_events,
                      tiny_llama)
 from playground.engine.compare import Engine, MethodSpec
 from playground.engine.decoding import GenerationSettings, decode
@@ -210,14 +213,47 @@ def test_short_training_run_lowers_the_loss():
     assert after["top1_agreement"] > before["top1_agreement"] + 0.3
 
 
+def test_command_line_fits_the_schedule_to_the_time_budget(tmp_path, monkeypatch):
+    """``python -m playground.training.draft --minutes M`` with far more epochs than fit: the
+    learning-rate schedule follows the time, so the run ends on time with the learning rate
+    decayed to its floor (10 %), and saves a draft with its summary."""
+    import json
+
+    target = tiny_llama(3, vocab_size=64, hidden_size=32)
+
+    class _Tokenizer:
+        all_special_ids = [60]
+
+        def save_pretrained(self, folder):
+            (Path(folder) / "tokenizer_config.json").write_text("{}")
+
+    class _Loaded(FakeLoaded):
+        pass
+
+    monkeypatch.setattr("playground.engine.models.load_model",
+                        lambda *a, **k: _Loaded(target, _Tokenizer(), eos_token_ids=[61]))
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _fake_records(40, 1)))
+    out = tmp_path / "draft"
+    started = time.perf_counter()
+    rc = train_draft.main(["--data", str(data), "--out", str(out), "--vocab", "60", "--hidden", "32",
+                           "--layers", "1", "--intermediate", "64", "--heads", "4", "--kv-heads", "2",
+                           "--batch-size", "4", "--epochs", "100000", "--minutes", "0.1"])
+    assert rc == 0 and time.perf_counter() - started < 30
+    summary = json.loads((out / "training_summary.json").read_text())
+    state = torch.load(out.with_name("draft.ckpt") / "state.pt", weights_only=False)
+    assert 0 < summary["steps"] == state["step"] < 100000 * 9 and summary["epochs"] < 100000
+    assert state["sched"]["_last_lr"][0] == pytest.approx(0.1 * 3e-3, rel=0.01)
+    assert (out / "config.json").exists() and (out / "draft_vocab.json").exists()
+
+
 # ----------------------------------------------------------------------------------------------
 # The draft shipped for the embedded default
 # ----------------------------------------------------------------------------------------------
 
-shipped = pytest.mark.usefixtures()  # the draft ships in assets/draft/default: its tests never skip
+# The draft ships in assets/draft/default, so these tests never skip for want of it.
 
 
-@shipped
 def test_shipped_draft_is_small_and_documented():
     size = sum(f.stat().st_size for f in DEFAULT_DRAFT_DIR.iterdir() if f.is_file())
     assert size < 20e6, f"the shipped draft is {size / 1e6:.1f} MB"
@@ -237,7 +273,6 @@ def shipped_engine(real_target):
     return Engine(real_target, draft)
 
 
-@shipped
 @pytest.mark.real_model
 @pytest.mark.usefixtures("torch_single_thread")
 @pytest.mark.parametrize("index", [0, 3, 7])
@@ -259,7 +294,6 @@ def test_shipped_draft_greedy_equals_baseline(shipped_engine, index):
     assert accepted > 0, label
 
 
-@shipped
 @pytest.mark.real_model
 @pytest.mark.usefixtures("torch_single_thread")
 def test_shipped_draft_sampling_keeps_target_distribution(shipped_engine):

@@ -69,11 +69,13 @@ def build_vocab(records: list[dict], size: int, keep_ids: list[int]) -> list[int
         counts.update(r["input_ids"])
         counts.update(ids[0] for ids in r.get("teacher_top_ids", []))
     out = [-1] + list(dict.fromkeys(keep_ids))
+    taken = set(out)
     for t, _ in counts.most_common():
         if len(out) >= size:
             break
-        if t not in out:
+        if t not in taken:
             out.append(t)
+            taken.add(t)
     return out
 
 
@@ -244,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--max-len", type=int, default=256, help="tokens kept per conversation")
-    p.add_argument("--minutes", type=float, default=None, help="stop training after this many minutes")
+    p.add_argument("--minutes", type=float, default=None,
+                   help="stop training this many minutes after the start (the learning-rate schedule then "
+                        "follows the time, so it has decayed when the budget ends the run)")
     p.add_argument("--held-out", type=float, default=0.05)
     p.add_argument("--resume", action="store_true", help="continue from OUT.ckpt")
     p.add_argument("--seed", type=int, default=0)
@@ -274,8 +278,18 @@ def main(argv: list[str] | None = None) -> int:
     total_steps = max(1, int(args.epochs * steps_per_epoch))
     opt = torch.optim.AdamW(draft.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = min(100, total_steps // 10)
+    deadline = loop_start = None
+
+    def progress(s: int) -> float:
+        """Where the schedule stands, 0 … 1: by steps, or by time when a time budget ends first
+        (so the learning rate has decayed when the budget stops the run)."""
+        done = min(s, total_steps) / total_steps
+        if deadline is not None:
+            done = max(done, min(1.0, (time.perf_counter() - loop_start) / max(deadline - loop_start, 1e-9)))
+        return done
+
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(warmup, 1)) * (
-        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps))))
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress(s)))))
     step = 0
     if state:
         draft.load_state_dict(state["model"])
@@ -288,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     bar = tqdm(total=total_steps, initial=step, desc="[draft] training", unit="step", dynamic_ncols=True)
     order: list[int] = []
     deadline = started + args.minutes * 60 if args.minutes else None
+    loop_start = time.perf_counter()
     while step < total_steps:
         if not order:
             order = torch.randperm(len(train_ex), generator=g).tolist()
