@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import (FakeLoaded, bench_prompts, chi_square_gof, clear_greedy_baseline, noisy_copy, output_ids, run_events,
-                     tiny_llama)
+from helpers import (FakeLoaded, bench_prompts, chi_square_gof, clear_greedy_baseline, noisy_copy, output_ids,
+                     run_events, tiny_llama)
 from playground.engine.compare import Engine, MethodSpec
 from playground.engine.decoding import GenerationSettings, decode
 from playground.engine.draft_model import DraftModelDrafter, TokenMap

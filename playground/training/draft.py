@@ -288,8 +288,10 @@ def main(argv: list[str] | None = None) -> int:
             done = max(done, min(1.0, (time.perf_counter() - loop_start) / max(deadline - loop_start, 1e-9)))
         return done
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(warmup, 1)) * (
-        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress(s)))))
+    # Linear warm-up over `warmup` steps or the first 5 % of the run, whichever ends first; then
+    # cosine decay to 10 %.
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, max((s + 1) / max(warmup, 1), progress(s) / 0.05))
+                                              * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress(s)))))
     step = 0
     if state:
         draft.load_state_dict(state["model"])

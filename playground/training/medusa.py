@@ -241,7 +241,8 @@ def train_heads(heads: MedusaHeads, features: Features, *, epochs: float = 1.0, 
         opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm))))
     param_dtype = params[0].dtype
     vocab, labels = None, features.labels
-    if label_vocab and heads.share_lm_head and heads._lm_head and getattr(heads._lm_head[0], "weight", None) is not None:
+    shared = heads.share_lm_head and heads._lm_head and getattr(heads._lm_head[0], "weight", None) is not None
+    if label_vocab and shared:
         vocab = LabelVocab.from_labels(heads, features.labels)
         labels = vocab.index(features.labels)
     heads.train()
