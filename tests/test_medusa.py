@@ -3,6 +3,7 @@ acceptance, checkpoints in the reference format, Medusa as a draft, and the per-
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -147,7 +148,7 @@ TREES = ([[0], [0, 0], [0, 1], [0, 0, 0]], MC_SIM_7B_63, [[0], [0, 0], [0, 0, 0]
 
 def test_greedy_medusa_equals_baseline(sweep):
     """For 24 prompts on 3 tiny random models, with identity heads, noisy heads, heads with their
-    own projection and 1-2 residual layers, and four trees (the seed's, the reference's 63 nodes,
+    own projection, heads with a proposal vocabulary, 1-2 residual layers, and four trees (the seed's, the reference's 63 nodes,
     a chain, a wide root), greedy Medusa equals the autoregressive baseline token for token; over
     the sweep candidates were both accepted and rejected, and some steps accepted depth >= 2."""
     failures, accepted, proposed, deep = [], 0, 0, 0
@@ -156,6 +157,8 @@ def test_greedy_medusa_equals_baseline(sweep):
         num_heads = max(len(p) for p in tree) + seed % 2
         heads = random_heads(model, num_heads, num_layers=1 + seed % 2, share=seed % 3 != 2,
                              scale=(0.0, 0.05, 0.3)[seed % 3], seed=seed)
+        if seed % 3 == 1:  # propose from 40 of the 64 tokens only
+            heads.set_proposal_vocab(torch.randperm(64, generator=torch.Generator().manual_seed(seed))[:40])
         events = run_events(target, MedusaDrafter(heads, tree), prompt, MAX_NEW, eos_token_ids=(EOS,))
         verdict = check_lossless(baseline, margins, output_ids(events))
         if not verdict.matched:
@@ -254,6 +257,38 @@ def test_checkpoint_round_trip(tmp_path, fmt, share):
     assert (loaded.num_heads, loaded.num_layers, loaded.share_lm_head) == (3, 2, share)
     h = torch.randn(5, 32)
     assert torch.allclose(loaded(h), heads(h), atol=1e-6)
+
+
+def test_proposal_vocab_projects_onto_its_rows_and_round_trips(tmp_path):
+    """Heads with a proposal vocabulary give the full heads' logits on its tokens and -inf elsewhere
+    (so their top-k come from it), save it in config.json and load it back; bad vocabularies fail
+    with their message."""
+    model = tiny_llama(0)
+    heads = random_heads(model, 2, num_layers=1, share=True, scale=0.3, seed=1)
+    h = torch.randn(4, 32)
+    full = heads(h)
+    ids = [3, 9, 10, 40, 63]
+    heads.set_proposal_vocab(ids)
+    sub = heads(h)
+    assert sub.shape == full.shape
+    torch.testing.assert_close(sub[..., ids], full[..., ids], rtol=1e-5, atol=1e-5)  # a smaller matmul
+    others = [t for t in range(64) if t not in ids]
+    assert bool(torch.isinf(sub[..., others]).all()) and bool((sub[..., others] < 0).all())
+    assert set(sub.topk(3).indices.flatten().tolist()) <= set(ids)
+    heads.save(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["proposal_vocab"] == ids
+    loaded = load_heads(tmp_path, FakeLoaded(model))
+    assert loaded.proposal_vocab.tolist() == ids
+    torch.testing.assert_close(loaded(h), sub, rtol=1e-5, atol=1e-5)
+    assert torch.equal(heads.set_proposal_vocab(None)(h), full)
+    with pytest.raises(ValueError, match="non-empty list in \\[0, 64\\)"):
+        heads.set_proposal_vocab([5, 64])
+    with pytest.raises(ValueError, match="share the base model's lm_head"):
+        random_heads(model, 2, num_layers=1, share=False, scale=0.1, seed=1).set_proposal_vocab(ids)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "proposal_vocab": "all"}))
+    with pytest.raises(MedusaLoadError, match="proposal_vocab must be a list of token ids"):
+        load_heads(tmp_path, FakeLoaded(model))
 
 
 def test_head_count_comes_from_tensors(tmp_path):

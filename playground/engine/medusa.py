@@ -18,7 +18,9 @@ Checkpoints (the reference format): a folder or hub repository with ``config.jso
 ``medusa_lm_head.safetensors`` or ``medusa_lm_head.pt`` with keys ``{k}.{layer}.linear.weight``,
 ``{k}.{layer}.linear.bias`` and, when the head has its own projection, ``{k}.{num_layers}.weight``.
 The head count and layer count are read from the tensors (configs are sometimes wrong). We also
-write ``top_k_accuracy`` (per head, the held-out top-1..top-10 accuracy) when training measured it.
+write ``top_k_accuracy`` (per head, the held-out top-1..top-10 accuracy) when training measured it,
+and ``proposal_vocab`` (the token ids the heads propose from, see :class:`MedusaHeads`) when
+training used a label vocabulary; other tools ignore both keys.
 """
 
 from __future__ import annotations
@@ -84,6 +86,12 @@ class MedusaHeads(nn.Module):
         base_model_name_or_path: recorded in ``config.json``.
         top_k_accuracy: optional ``(num_heads, <= MEDUSA_TOP_K)`` held-out top-1..top-k accuracy
             per head, used to choose a tree (:mod:`playground.engine.medusa_trees`).
+        proposal_vocab: optional sorted token ids the heads propose from (shared-``lm_head`` heads
+            only; our extension, saved in ``config.json``). The heads then project onto those
+            rows of the base ``lm_head`` only and every other token gets logit -inf: a head costs
+            a fraction of a full output layer. The trainer sets it to the tokens that occurred
+            as labels, which are the only ones the heads learned to put first. Verification
+            does not depend on it (the target checks every candidate).
 
     The state dict is the reference's: ``heads.{k}.{layer}.linear.*`` and ``heads.{k}.{num_layers}.weight``
     (the ``heads.`` prefix dropped on save).
@@ -91,7 +99,7 @@ class MedusaHeads(nn.Module):
 
     def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int = 1,
                  share_lm_head: bool = True, base_model_name_or_path: str = "",
-                 top_k_accuracy: list[list[float]] | None = None):
+                 top_k_accuracy: list[list[float]] | None = None, proposal_vocab: list[int] | None = None):
         super().__init__()
         if not 1 <= num_heads <= MAX_MEDUSA_HEADS:
             raise ValueError(f"num_heads must be in [1, {MAX_MEDUSA_HEADS}], got {num_heads}")
@@ -109,6 +117,10 @@ class MedusaHeads(nn.Module):
                 layers.append(nn.Linear(hidden_size, vocab_size, bias=False))
             self.heads.append(nn.Sequential(*layers))
         self._lm_head: list[nn.Module] = []  # a plain list: the base projection is not ours to save
+        self.proposal_vocab: torch.Tensor | None = None
+        self._proposal_rows: tuple | None = None  # (ids, lm_head rows, bias) on the lm_head's device, cached
+        if proposal_vocab is not None:
+            self.set_proposal_vocab(proposal_vocab)
 
     def attach_lm_head(self, lm_head: nn.Module) -> "MedusaHeads":
         """Use ``lm_head`` (the base model's output projection, frozen) for heads without their own."""
@@ -120,7 +132,42 @@ class MedusaHeads(nn.Module):
             if w is not None:
                 self.vocab_size = int(w.shape[0])
         self._lm_head = [lm_head]
+        self._proposal_rows = None
         return self
+
+    def set_proposal_vocab(self, token_ids: list[int] | torch.Tensor | None) -> "MedusaHeads":
+        """Propose only from ``token_ids`` (see the class docstring); None: the whole vocabulary.
+
+        Raises:
+            ValueError: heads with their own projections, an empty list, or ids out of range.
+        """
+        if token_ids is None:
+            self.proposal_vocab, self._proposal_rows = None, None
+            return self
+        if not self.share_lm_head:
+            raise ValueError("a proposal vocabulary needs heads that share the base model's lm_head")
+        ids = torch.unique(torch.as_tensor(token_ids, dtype=torch.long).flatten())
+        if ids.numel() == 0 or int(ids[0]) < 0 or (self.vocab_size and int(ids[-1]) >= self.vocab_size):
+            raise ValueError(f"proposal vocabulary ids must be a non-empty list in [0, {self.vocab_size}), "
+                             f"got {ids.numel()} ids in [{int(ids.min()) if ids.numel() else '-'}, "
+                             f"{int(ids.max()) if ids.numel() else '-'}]")
+        self.proposal_vocab, self._proposal_rows = ids, None
+        return self
+
+    def _proposal_projection(self, x: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """Full-width logits with only the proposal vocabulary's rows computed (the rest -inf)."""
+        weight = getattr(lm_head, "weight", None)
+        if weight is None:
+            raise RuntimeError("a proposal vocabulary needs an lm_head with a weight")
+        if self._proposal_rows is None or self._proposal_rows[0].device != weight.device:
+            ids = self.proposal_vocab.to(weight.device)
+            bias = getattr(lm_head, "bias", None)
+            self._proposal_rows = (ids, weight.detach()[ids].contiguous(), None if bias is None else bias.detach()[ids])
+        ids, rows, bias = self._proposal_rows
+        sub = nn.functional.linear(x.to(rows.dtype), rows, bias)  # (..., m)
+        out = sub.new_full((*sub.shape[:-1], int(weight.shape[0])), float("-inf"))
+        out[..., ids] = sub
+        return out
 
     def residual(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         """``(..., hidden_size)`` -> ``(..., num_heads, hidden_size)``: each head's blocks (shared-lm_head heads)."""
@@ -143,6 +190,8 @@ class MedusaHeads(nn.Module):
                 raise RuntimeError("these Medusa heads share the base model's lm_head: call attach_lm_head first")
             lm_head = self._lm_head[0]
             x = self.residual(hidden, num_heads)
+            if self.proposal_vocab is not None:
+                return self._proposal_projection(x, lm_head)
             weight = getattr(lm_head, "weight", None)
             return lm_head(x if weight is None else x.to(weight.dtype))  # one matmul for all heads
         return torch.stack([head(hidden) for head in self.heads[:num_heads]], dim=-2)
@@ -158,6 +207,8 @@ class MedusaHeads(nn.Module):
                   "vocab_size": self.vocab_size, "share_lm_head": self.share_lm_head}
         if self.top_k_accuracy is not None:
             config["top_k_accuracy"] = [[round(float(a), 4) for a in row] for row in self.top_k_accuracy]
+        if self.proposal_vocab is not None:
+            config["proposal_vocab"] = self.proposal_vocab.tolist()
         return config
 
     def save(self, folder: str | Path, fmt: str = "safetensors") -> Path:
@@ -224,6 +275,15 @@ class MedusaHeads(nn.Module):
         heads = cls(hidden, vocab, num_heads, num_layers, share_lm_head=not projected[0],
                     base_model_name_or_path=str(config.get("base_model_name_or_path") or ""),
                     top_k_accuracy=accuracy if isinstance(accuracy, list) and len(accuracy) == num_heads else None)
+        proposal = config.get("proposal_vocab")
+        if proposal is not None:
+            if not isinstance(proposal, list) or not all(isinstance(t, int) for t in proposal) or projected[0]:
+                raise MedusaLoadError("config.json's proposal_vocab must be a list of token ids, for heads that "
+                                      "share the base model's lm_head")
+            try:
+                heads.set_proposal_vocab(proposal)
+            except ValueError as e:
+                raise MedusaLoadError(f"config.json's proposal_vocab: {e}") from None
         missing, unexpected = heads.heads.load_state_dict(tensors, strict=False)
         if missing or unexpected:
             raise MedusaLoadError(f"Medusa weights do not fit: missing {missing[:4]}, unexpected {unexpected[:4]}")

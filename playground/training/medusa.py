@@ -134,8 +134,9 @@ class LabelVocab:
     label anywhere in the training data gives the same gradients as the full-vocabulary softmax
     except for the mass on tokens that never occur as a label (which the heads should not
     predict anyway), at a fraction of the cost: on the default model about 15 k of 49 k rows, and
-    the output projection is most of a training step's arithmetic. Held-out accuracy is always
-    measured over the full vocabulary (:func:`evaluate`).
+    the output projection is most of a training step's arithmetic. The trainer then saves these
+    tokens as the heads' proposal vocabulary (``MedusaHeads.set_proposal_vocab``), so held-out
+    accuracy (:func:`evaluate`) and decoding both rank these tokens only.
 
     Attributes:
         ids: ``(m,)`` sorted int64 token ids.
@@ -325,8 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--share-lm-head", action=argparse.BooleanOptionalAction, default=True,
                     help="end every head in the target's frozen lm_head (small checkpoint)")
     ap.add_argument("--label-vocab", action=argparse.BooleanOptionalAction, default=True,
-                    help="softmax over the tokens that occur as labels while training (shared lm_head only; "
-                         "held-out accuracy is always over the full vocabulary)")
+                    help="softmax over the tokens that occur as labels while training, and save them as the "
+                         "heads' proposal vocabulary (shared lm_head only)")
     ap.add_argument("--held-out", type=float, default=0.05, help="fraction of conversations held out")
     ap.add_argument("--max-conversations", type=int, help="use only the first N conversations")
     ap.add_argument("--max-len", type=int, default=1024, help="tokens per conversation kept")
@@ -392,6 +393,12 @@ def main(argv: list[str] | None = None) -> int:
     history = train_heads(heads, train, epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
                           lr=args.lr, seed=args.seed, progress=progress, label_vocab=args.label_vocab)
     t_train = time.perf_counter() - t1
+    if args.label_vocab and args.share_lm_head:
+        # Propose from the tokens the heads learned to rank (a cheaper head at decoding time);
+        # the accuracy below is measured the same way.
+        heads.set_proposal_vocab(torch.unique(train.labels[train.labels != IGNORE]))
+        print(f"the heads propose from the {len(heads.proposal_vocab)} tokens that occur as labels "
+              f"(of {heads.vocab_size})")
     acc, loss = evaluate(heads, held)
     heads.top_k_accuracy = acc
     heads.save(args.out, args.format)
