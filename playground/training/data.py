@@ -12,8 +12,8 @@ trained on):
    and sample (temperature 1.0, top-k 100) until the end-of-turn token. The model writes a
    plausible user request. (Top-k rather than top-p: top-p sorts the whole 49k-token
    vocabulary of every row at every step, about 0.6 s per step for 64 rows on a 2-core CPU,
-   longer than the model's own forward pass.) A handful of system prompts (general, code, maths, writing, ...)
-   spread the requests over the kinds of tasks a playground user asks.
+   longer than the model's own forward pass.) A handful of system prompts (general, code,
+   maths, writing, ...) spread the requests over the kinds of tasks a playground user asks.
 2. **Answers**: the target answers each request with its chat template applied. Answers are
    greedy by default, because greedy decoding is what the lossless methods are benchmarked
    with, so the draft and the heads learn the distribution they will be asked to predict
@@ -21,7 +21,8 @@ trained on):
    is unavailable: Cai et al. 2024, section 3.3).
 
 Output: JSON Lines, one conversation a line:
-``{"input_ids": [...], "prompt_len": int, "system": str, "question": str, "answer": str, "batch": int}``,
+``{"input_ids": [...], "prompt_len": int, "system": str, "question": str, "answer": str,
+"batch": int, "row": int}`` (the batch that made it and its place there),
 where ``input_ids`` is the chat-templated prompt followed by the answer's token ids (the
 end-of-turn token included when the model produced it) and ``prompt_len`` counts the prompt
 part; plus, by default, ``"teacher_top_ids"`` and ``"teacher_top_logprobs"``: for each answer
