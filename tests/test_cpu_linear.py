@@ -103,3 +103,72 @@ def test_greedy_decoding_on_packed_models_equals_baseline(always_packed):
             proposed += events[-1].stats.proposed
     assert failures == []
     assert 0 < accepted < proposed
+
+
+# ----- float16 weights for drafts --------------------------------------------------------------
+needs_fbgemm = pytest.mark.skipif(not cpu_linear.half_weights_available(), reason="this PyTorch has no FBGEMM")
+
+
+def _half_valued(model: torch.nn.Module) -> torch.nn.Module:
+    """Round every parameter to a float16 value (as a draft saved in float16 loads)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.half().float())
+    return model
+
+
+@needs_fbgemm
+def test_half_weight_layers_match_float32_on_half_valued_weights():
+    """On a draft whose weights are float16 values, every linear layer gets a float16 copy that
+    shares the parameters (tied output layer included), the logits equal the float32 layers'
+    within float32 rounding, and copies, pickles and gradients work."""
+    model = _half_valued(tiny_llama(1))
+    model.lm_head.weight = model.model.embed_tokens.weight
+    ids = torch.randint(0, 64, (2, 9))
+    with torch.inference_mode():
+        want = model(ids).logits
+    n = cpu_linear.half_weight_linear_layers(model)
+    assert n == 2 * 7 + 1 and isinstance(model.lm_head, cpu_linear.HalfWeightLinear)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    with torch.inference_mode():
+        got = model(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    layer = model.model.layers[0].mlp.up_proj
+    x = torch.randn(3, 32, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None
+    for clone in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        with torch.inference_mode():
+            torch.testing.assert_close(clone(x.detach()), layer(x.detach()))
+
+
+@needs_fbgemm
+def test_half_weights_only_where_exact(monkeypatch):
+    """Weights that are not float16 values (a float32 checkpoint) are left alone, as is every
+    model with PLAYGROUND_HALF_DRAFT=0."""
+    assert cpu_linear.half_weight_linear_layers(tiny_llama(0)) == 0
+    monkeypatch.setenv(cpu_linear.HALF_ENV_SWITCH, "0")
+    assert cpu_linear.half_weight_linear_layers(_half_valued(tiny_llama(0))) == 0
+
+
+@needs_fbgemm
+def test_greedy_decoding_with_a_half_weight_draft_equals_baseline():
+    """Greedy draft-model decoding with float16-weight noisy-copy drafts (K 1..6) equals the
+    baseline token for token over 12 seeds, with both acceptances and rejections."""
+    failures, accepted, proposed = [], 0, 0
+    g = torch.Generator().manual_seed(11)
+    for seed in range(12):
+        model = tiny_llama(seed % 3)
+        draft_model = _half_valued(noisy_copy(model, 0.03, 70 + seed))
+        assert cpu_linear.half_weight_linear_layers(draft_model) > 0
+        target = CausalLM(model)
+        prompt, baseline, margins = clear_greedy_baseline(target, g, 6 + seed, 5, 24)
+        events = run_events(target, DraftModelDrafter(CausalLM(draft_model), 1 + seed % 6), prompt,
+                            settings=GenerationSettings(max_new_tokens=24))
+        verdict = check_lossless(baseline, margins, [t for e in events for t in e.tokens])
+        if not verdict.matched:
+            failures.append(f"seed {seed}: {verdict.message()}")
+        accepted += events[-1].stats.accepted
+        proposed += events[-1].stats.proposed
+    assert failures == []
+    assert 0 < accepted < proposed

@@ -268,8 +268,12 @@ def test_shipped_draft_is_small_and_documented():
 def shipped_engine(real_target):
     from playground.engine.models import load_draft
 
+    from playground.engine import cpu_linear
+
     draft = load_draft(default_draft_spec("default"), real_target)
     assert draft.token_map is not None
+    # It ships in float16, so on a CPU its layers read float16 weights (the tests below run them).
+    assert isinstance(draft.model.lm_head, cpu_linear.HalfWeightLinear) or not cpu_linear.half_weights_available()
     return Engine(real_target, draft)
 
 
