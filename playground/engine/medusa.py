@@ -226,7 +226,11 @@ class MedusaHeads(nn.Module):
             save_file(tensors, str(folder / WEIGHTS_SAFETENSORS), metadata={"format": "pt"})
         else:
             torch.save(tensors, folder / WEIGHTS_PT)
-        (folder / CONFIG_NAME).write_text(json.dumps(self.config_dict(), indent=2) + "\n")
+        config = self.config_dict()
+        text = json.dumps({**config, "proposal_vocab": "@"} if "proposal_vocab" in config else config, indent=2)
+        # The proposal vocabulary on one line: thousands of ids, one a line, would bury the rest.
+        text = text.replace('"proposal_vocab": "@"', '"proposal_vocab": ' + json.dumps(config.get("proposal_vocab")))
+        (folder / CONFIG_NAME).write_text(text + "\n")
         return folder
 
     @classmethod

@@ -200,10 +200,13 @@ def weighted_loss(losses: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def evaluate(heads: MedusaHeads, features: Features, batch_size: int = 256,
              top_k: int = MEDUSA_TOP_K) -> tuple[list[list[float]], list[float]]:
-    """Held-out cumulative top-1..top-k accuracy ``(num_heads, top_k)`` and mean loss per head."""
+    """Held-out cumulative top-1..top-k accuracy ``(num_heads, top_k)`` and mean loss per head.
+
+    With a proposal vocabulary a label outside it counts as a miss in the accuracy and is left
+    out of the loss (its logit is -inf)."""
     hits = torch.zeros(heads.num_heads, top_k)
     counts = torch.zeros(heads.num_heads)
-    loss_sum = torch.zeros(heads.num_heads)
+    loss_sum, loss_counts = torch.zeros(heads.num_heads), torch.zeros(heads.num_heads)
     param_dtype = next(heads.parameters()).dtype
     for start in range(0, len(features), batch_size):
         h = features.hidden[start:start + batch_size].to(param_dtype)
@@ -214,12 +217,14 @@ def evaluate(heads: MedusaHeads, features: Features, batch_size: int = 256,
         rank_hit = (top == y[..., None]) & valid[..., None]
         hits += rank_hit.cumsum(-1).clamp(max=1).sum(0).float()
         counts += valid.sum(0).float()
+        finite = valid & torch.isfinite(logits.gather(-1, y.clamp(min=0)[..., None]).squeeze(-1))
         for k in range(heads.num_heads):
-            if bool(valid[:, k].any()):
-                loss_sum[k] += torch.nn.functional.cross_entropy(logits[:, k], y[:, k], ignore_index=IGNORE,
+            if bool(finite[:, k].any()):
+                loss_sum[k] += torch.nn.functional.cross_entropy(logits[finite[:, k], k], y[finite[:, k], k],
                                                                  reduction="sum")
+                loss_counts[k] += finite[:, k].sum()
     acc = (hits / counts.clamp(min=1)[:, None]).tolist()
-    return acc, (loss_sum / counts.clamp(min=1)).tolist()
+    return acc, (loss_sum / loss_counts.clamp(min=1)).tolist()
 
 
 def train_heads(heads: MedusaHeads, features: Features, *, epochs: float = 1.0, max_steps: int | None = None,
