@@ -39,7 +39,42 @@ def onednn_available() -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
-class PackedLinear(nn.Linear):
+class _PrepackedLinear(nn.Linear):
+    """An ``nn.Linear`` that shares its original parameters and keeps an opaque prepacked copy of
+    the weight (``_packed``, built by :meth:`repack`); copies and pickles rebuild that copy."""
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear):
+        """Wrap ``linear``, sharing its ``weight`` and ``bias`` parameters."""
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight, new.bias = linear.weight, linear.bias
+        new._setup()
+        new.repack()
+        return new
+
+    def _setup(self) -> None:
+        """Per-class settings derived from the weight (before the first repack)."""
+
+    def repack(self) -> None:
+        """(Re)build the packed copy of the weight from the current parameters."""
+        raise NotImplementedError
+
+    def __getstate__(self):  # the packed copy is opaque: copies and pickles rebuild it
+        state = super().__getstate__().copy()
+        state.pop("_packed", None)
+        return state
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        self.repack()
+
+    def _needs_autograd(self, x: torch.Tensor) -> bool:
+        return torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+
+
+class PackedLinear(_PrepackedLinear):
     """An ``nn.Linear`` whose inference forward uses oneDNN with a pre-packed weight.
 
     Input ``(..., in_features)`` float32 on the CPU, output ``(..., out_features)``. A single
@@ -51,33 +86,14 @@ class PackedLinear(nn.Linear):
     (:func:`pack_linear_layers`) after changing the weights.
     """
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "PackedLinear":
-        """Wrap ``linear``, sharing its ``weight`` and ``bias`` parameters."""
-        new = cls.__new__(cls)
-        nn.Module.__init__(new)
-        new.in_features, new.out_features = linear.in_features, linear.out_features
-        new.weight, new.bias = linear.weight, linear.bias
-        new._one_row_plain = linear.weight.numel() < ONE_ROW_PACKED_MIN
-        new.repack()
-        return new
+    def _setup(self) -> None:
+        self._one_row_plain = self.weight.numel() < ONE_ROW_PACKED_MIN
 
     def repack(self) -> None:
-        """(Re)build the packed copy of the weight from the current parameters."""
         self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
 
-    def __getstate__(self):  # the packed copy is opaque: copies and pickles rebuild it
-        state = super().__getstate__().copy()
-        state.pop("_packed", None)
-        return state
-
-    def __setstate__(self, state) -> None:
-        super().__setstate__(state)
-        self.repack()
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if ((self._one_row_plain and x.numel() == self.in_features)
-                or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
+        if (self._one_row_plain and x.numel() == self.in_features) or self._needs_autograd(x):
             return nn.functional.linear(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.detach()
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [None], "")
@@ -129,7 +145,7 @@ def half_weights_available() -> bool:
             and hasattr(torch.ops.quantized, "linear_dynamic_fp16"))
 
 
-class HalfWeightLinear(nn.Linear):
+class HalfWeightLinear(_PrepackedLinear):
     """An ``nn.Linear`` whose inference forward reads a float16 copy of its weight.
 
     Input and output stay float32 ``(..., in_features)`` -> ``(..., out_features)``; FBGEMM's
@@ -141,32 +157,12 @@ class HalfWeightLinear(nn.Linear):
     original parameters; autograd falls back to ``F.linear``.
     """
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "HalfWeightLinear":
-        """Wrap ``linear`` (an ``nn.Linear`` or :class:`PackedLinear`), sharing its parameters."""
-        new = cls.__new__(cls)
-        nn.Module.__init__(new)
-        new.in_features, new.out_features = linear.in_features, linear.out_features
-        new.weight, new.bias = linear.weight, linear.bias
-        new.repack()
-        return new
-
     def repack(self) -> None:
-        """(Re)build the float16 copy of the weight from the current parameters."""
         bias = None if self.bias is None else self.bias.detach()
         self._packed = torch.ops.quantized.linear_prepack_fp16(self.weight.detach(), bias)
 
-    def __getstate__(self):  # the packed copy is opaque: copies and pickles rebuild it
-        state = super().__getstate__().copy()
-        state.pop("_packed", None)
-        return state
-
-    def __setstate__(self, state) -> None:
-        super().__setstate__(state)
-        self.repack()
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+        if self._needs_autograd(x):
             return nn.functional.linear(x, self.weight, self.bias)
         return torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
 
