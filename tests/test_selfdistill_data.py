@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from helpers import tiny_llama
-from playground.training.data import (SYSTEM_PROMPTS, generate_conversations, load_answer_states, load_records,
-                                      magpie_prefix)
+from playground.training.data import (FOLLOW_UP_OPENERS, SYSTEM_PROMPTS, USER_OPENERS, generate_conversations,
+                                      load_answer_states, load_records, load_states_for, magpie_prefix,
+                                      split_records)
 from playground.training.medusa import collect_features
 
 pytestmark = pytest.mark.real_model  # the default model's tokenizer and chat template
@@ -83,3 +84,68 @@ def test_conversations_file_format_teacher_labels_and_resume(tokenizer, tmp_path
 def test_num_must_be_positive(tokenizer, tmp_path):
     with pytest.raises(ValueError, match="num must be at least 1"):
         generate_conversations(tiny_llama(0), tokenizer, tmp_path / "x.jsonl", 0)
+
+
+def test_multi_turn_conversations_with_openers(tokenizer, tmp_path, torch_single_thread):
+    """``turns=2, openers=True``: each turn is a record; requests start with an opener; answers see the
+    template's default system prompt; a follow-up's prompt is the whole conversation as the
+    playground renders it; its states are saved under its own key; split keeps turns together."""
+    vocab = len(tokenizer)
+    model = tiny_llama(1, vocab_size=vocab, head_std=0.02)
+    stop_ids = [tokenizer.eos_token_id] + list(range(3, vocab, 10))
+    out = tmp_path / "mt.jsonl"
+    have = generate_conversations(model, tokenizer, out, 6, batch_size=8, question_tokens=40, answer_tokens=6,
+                                  stop_ids=stop_ids, teacher_top_k=3, keep_states=True, target_name="tiny",
+                                  turns=2, openers=True, log=lambda _: None)
+    records = load_records(out)
+    assert have == len(records) >= 6
+    first = {(r["batch"], r["row"]): r for r in records if r["turn"] == 0}
+    follow = [r for r in records if r["turn"] == 1]
+    assert first and follow and len(first) + len(follow) == len(records)
+    for r in first.values():
+        assert r["system"] == "" and r["question"].startswith(USER_OPENERS)
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": r["question"]}], tokenize=False,
+                                               add_generation_prompt=True)
+        assert r["input_ids"][:r["prompt_len"]] == tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    for r in follow:
+        assert r["question"].startswith(FOLLOW_UP_OPENERS)
+        before = first[(r["batch"], r["row"])]  # the same conversation's first turn
+        chat = [{"role": "user", "content": before["question"]}, {"role": "assistant", "content": before["answer"]},
+                {"role": "user", "content": r["question"]}]
+        prompt = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        assert r["input_ids"][:r["prompt_len"]] == tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        assert [row[0] for row in r["teacher_top_ids"]] == r["input_ids"][r["prompt_len"]:]
+    saved = load_answer_states(out, records, "tiny")
+    assert all(s is not None and s.shape[0] == len(r["input_ids"]) - r["prompt_len"] for s, r in zip(saved, records))
+    assert not torch.equal(saved[records.index(follow[0])][:1],
+                           saved[records.index(first[(follow[0]["batch"], follow[0]["row"])])][:1])
+    # Both turns of a conversation fall on the same side of the split.
+    for held_out in (0.2, 0.5):
+        train, held = split_records(records, held_out)
+        assert held and train and len(train) + len(held) == len(records)
+        sides = {}
+        for side, part in (("train", train), ("held", held)):
+            for r in part:
+                assert sides.setdefault((r["batch"], r["row"]), side) == side
+
+
+def test_several_data_files_load_in_order_with_their_states(tokenizer, tmp_path, torch_single_thread):
+    vocab = len(tokenizer)
+    model = tiny_llama(2, vocab_size=vocab, head_std=0.02)
+    stop_ids = [tokenizer.eos_token_id] + list(range(3, vocab, 10))
+    paths = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    for seed, path in enumerate(paths):
+        generate_conversations(model, tokenizer, path, 2, batch_size=4, question_tokens=40, answer_tokens=4,
+                               stop_ids=stop_ids, keep_states=True, target_name="tiny", seed=seed, log=lambda _: None)
+    records = load_records(paths)
+    assert records == [dict(r, source=str(p)) for p in paths for r in load_records(p)]
+    assert load_records(paths[:1]) == load_records(paths[0])  # one file: no source field
+    saved = load_states_for(paths, records, "tiny")
+    direct = [s for p in paths for s in load_answer_states(p, load_records(p), "tiny")]
+    assert len(saved) == len(direct) == len(records)
+    assert all(a is not None and torch.equal(a, b) for a, b in zip(saved, direct))
+
+
+def test_turns_must_be_positive(tokenizer, tmp_path):
+    with pytest.raises(ValueError, match="turns must be at least 1"):
+        generate_conversations(tiny_llama(0), tokenizer, tmp_path / "x.jsonl", 1, turns=0)

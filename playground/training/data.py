@@ -20,9 +20,18 @@ trained on):
    (Medusa-2 recommends self-distillation for exactly this reason when the original data
    is unavailable: Cai et al. 2024, section 3.3).
 
-Output: JSON Lines, one conversation a line:
+3. **More turns, steered requests** (``--turns 2 --openers``, how the shipped draft and heads
+   were trained): a follow-up user turn is written the same way, from the template up to a new
+   user turn after the conversation so far, and answered; its record's prompt is the whole
+   conversation, as the playground renders a multi-turn chat, so later turns teach contexts of
+   300-400 tokens. With ``--openers`` each user turn starts with a generic instruction word
+   ("Write", "Solve", "Extract", ...; "Now", "Rewrite", ... for follow-ups) that the target
+   continues, and answers see the template's default system prompt, as in the playground.
+
+Output: JSON Lines, one answered turn a line:
 ``{"input_ids": [...], "prompt_len": int, "system": str, "question": str, "answer": str,
-"batch": int, "row": int}`` (the batch that made it and its place there),
+"batch": int, "row": int}`` (the batch that made it and its place there; with ``--turns`` > 1
+also ``"turn"``, 0-based, and ``"system"`` is ``""`` with ``--openers``),
 where ``input_ids`` is the chat-templated prompt followed by the answer's token ids (the
 end-of-turn token included when the model produced it) and ``prompt_len`` counts the prompt
 part; plus, by default, ``"teacher_top_ids"`` and ``"teacher_top_logprobs"``: for each answer
@@ -32,6 +41,8 @@ token, the target's top-k next-token ids and log-probabilities at that position
 Command line::
 
     python -m playground.training.data --out artifacts/selfdistill/default.jsonl --num 2000
+    python -m playground.training.data --out artifacts/selfdistill/default_mt.jsonl --num 4000 \
+        --turns 2 --openers --batch-size 64 --question-tokens 56 --answer-tokens 128
 """
 
 from __future__ import annotations
@@ -59,15 +70,38 @@ SYSTEM_PROMPTS = (
 )
 """System prompts used to steer the Magpie user turns towards varied tasks."""
 
+USER_OPENERS = (
+    "Write", "Compose", "Draft", "Describe", "Explain", "Imagine you are", "Pretend to be", "Act as",
+    "Solve", "Calculate", "Prove", "Find", "Given", "Suppose", "Write a Python function", "Implement",
+    "Write a program", "Summarize", "Extract", "Translate", "Compare", "List", "What", "How", "Why",
+    "Can you", "Please", "Read the following", "Create", "Design", "Help me",
+)
+"""With ``openers``: first user turns start with one of these words and the target writes the
+rest. A 135M model's bare Magpie requests are mostly chatty "can you help me" turns; seeding the
+first words spreads them over instructions (writing, role-play, reasoning, maths, code,
+extraction, explanation), the kinds of task an assistant is given. Generic verbs only: no
+benchmark question is used."""
+
+FOLLOW_UP_OPENERS = (
+    "Now", "Rewrite", "Can you", "What about", "Make it", "Please", "Explain", "Why", "How", "Then",
+    "Change", "Add", "Summarize", "Shorten", "Continue", "Give me", "Translate", "Use", "Is", "What if",
+)
+"""With ``openers``: the same for follow-up user turns (``turns`` > 1), which react to the
+assistant's previous answer."""
+
 QUESTION_TOP_K = 100
 """User turns (and answers with ``--sample-answers``) are sampled at temperature 1 from the top-k tokens."""
 
 
-def magpie_prefix(tokenizer, system: str) -> str:
+def magpie_prefix(tokenizer, system: str | None, history: list[dict] | None = None) -> str:
     """The chat template up to the start of a user turn's content.
 
     Built by rendering a conversation with a marker as the user's message and cutting at
     the marker, so it follows whatever chat template the tokenizer carries.
+
+    Args:
+        system: the system prompt, or None for none (the template's own default, if it has one).
+        history: earlier turns (``[{"role", "content"}, ...]``) that come before the new user turn.
 
     Raises:
         ValueError: the tokenizer has no chat template.
@@ -75,9 +109,14 @@ def magpie_prefix(tokenizer, system: str) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the target's tokenizer has no chat template; Magpie prompting needs one")
     marker = "\x00MAGPIE\x00"
-    text = tokenizer.apply_chat_template([{"role": "system", "content": system},
-                                          {"role": "user", "content": marker}], tokenize=False)
+    text = tokenizer.apply_chat_template(_messages(system, history or []) + [{"role": "user", "content": marker}],
+                                         tokenize=False)
     return text[:text.index(marker)]
+
+
+def _messages(system: str | None, turns: list[dict]) -> list[dict]:
+    """``turns`` behind a system message, or alone when ``system`` is None."""
+    return ([{"role": "system", "content": system}] if system is not None else []) + list(turns)
 
 
 def _generate(model, tokenizer, texts: list[str], max_new_tokens: int, sample: bool, stop_ids: list[int],
@@ -124,16 +163,17 @@ def _generate(model, tokenizer, texts: list[str], max_new_tokens: int, sample: b
 def generate_conversations(model, tokenizer, out_path: Path, num: int, *, batch_size: int = 32,
                            question_tokens: int = 64, answer_tokens: int = 192, greedy_answers: bool = True,
                            seed: int = 0, stop_ids: list[int] | None = None, teacher_top_k: int = 8,
-                           keep_states: bool = False, target_name: str = "", log=print) -> int:
-    """Append self-generated conversations to ``out_path`` until it holds ``num``.
+                           keep_states: bool = False, target_name: str = "", turns: int = 1,
+                           openers: bool = False, log=print) -> int:
+    """Append self-generated conversations to ``out_path`` until it holds ``num`` records.
 
     Args:
         model: a transformers causal LM (the target), in eval mode.
         tokenizer: its tokenizer, with a chat template.
         out_path: JSON Lines file (created, or resumed when it already has lines).
-        num: conversations wanted in the file.
+        num: records wanted in the file (a conversation of ``turns`` turns writes up to ``turns``).
         batch_size: rows per ``generate`` call.
-        question_tokens / answer_tokens: length caps, in tokens.
+        question_tokens / answer_tokens: length caps, in tokens, per turn.
         greedy_answers: answer greedily (default) or by sampling at temperature 1.
         seed: base seed; batch ``b`` uses ``seed + b``, so a resumed run continues the sequence.
         stop_ids: end-of-turn ids (default: the tokenizer's eos id).
@@ -145,16 +185,27 @@ def generate_conversations(model, tokenizer, out_path: Path, num: int, *, batch_
             Medusa trainer need not run the target over the data again (:func:`load_answer_states`).
         target_name: the target's name, stored with the states (the trainer uses states only
             for the target they came from).
+        turns: user turns per conversation. Turn ``t`` > 0 is a Magpie follow-up: the template up
+            to a new user turn after the whole conversation so far, and the target writes the
+            user's next message, then answers it. Each turn is its own record (``"turn": t``), whose
+            prompt is the whole conversation before its answer, rendered by the chat template as
+            the playground renders a multi-turn chat; so later turns teach long contexts.
+        openers: start user turns with :data:`USER_OPENERS` / :data:`FOLLOW_UP_OPENERS`, and answer
+            without a system message (the template's default system prompt, as the playground
+            chats), the Magpie system prompt only steering the requests. Default off: the
+            request is all the model's, and the answer sees the same system prompt.
         log: progress printer.
 
     Returns:
-        The number of conversations in the file at the end.
+        The number of records in the file at the end.
 
     Raises:
-        ValueError: no chat template, or ``num`` < 1.
+        ValueError: no chat template, ``num`` < 1 or ``turns`` < 1.
     """
     if num < 1:
         raise ValueError(f"num must be at least 1, got {num}")
+    if turns < 1:
+        raise ValueError(f"turns must be at least 1, got {turns}")
     stop_ids = stop_ids or [tokenizer.eos_token_id]
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -169,49 +220,84 @@ def generate_conversations(model, tokenizer, out_path: Path, num: int, *, batch_
                 last_batch = max(last_batch, int(record.get("batch", -1)))
                 have += 1
     start, made_tokens = time.perf_counter(), 0
+
+    def user_turn(prefixes: list[str], starts: list[str], seed_: int) -> list[str | None]:
+        """The target's continuation of each user turn; None where it did not finish the turn."""
+        ids, _, _ = _generate(model, tokenizer, [p + o for p, o in zip(prefixes, starts)], question_tokens, True,
+                              stop_ids, seed_)
+        texts = []
+        for o, row in zip(starts, ids):
+            # No space after the opener: the model's own next token carries it.
+            q = (o + tokenizer.decode([t for t in row if t not in stop_ids], skip_special_tokens=True)).strip()
+            texts.append(q if row and row[-1] in stop_ids and len(q) >= 12 else None)
+        return texts
+
     # Resume after the last batch written (files without batch numbers: an estimate; batches
     # already used only repeat questions, which are skipped).
     batch_index = last_batch + 1 if last_batch >= 0 else have // batch_size
     while have < num:
         rng = random.Random(seed + batch_index)
         systems = [rng.choice(SYSTEM_PROMPTS) for _ in range(batch_size)]
-        # 1. The model writes user requests from the bare template prefix.
-        prefixes = [magpie_prefix(tokenizer, s) for s in systems]
-        q_ids, _, _ = _generate(model, tokenizer, prefixes, question_tokens, True, stop_ids, seed + batch_index)
-        questions = []
-        for s, ids in zip(systems, q_ids):
-            q = tokenizer.decode([t for t in ids if t not in stop_ids], skip_special_tokens=True).strip()
-            # Keep complete, non-trivial, new requests only.
-            if ids and ids[-1] in stop_ids and len(q) >= 12 and q not in seen:
+        starts = [rng.choice(USER_OPENERS) if openers else "" for _ in range(batch_size)]
+        # 1. The model writes user requests from the bare template prefix (and an opener).
+        texts = user_turn([magpie_prefix(tokenizer, s) for s in systems], starts, seed + batch_index)
+        convs = []  # (row, steering system prompt, answering system prompt or None, turns so far)
+        for s, q in zip(systems, texts):
+            if q is not None and q not in seen:  # complete, non-trivial, new requests only
                 seen.add(q)
-                questions.append((s, q))
-        if not questions:
+                convs.append((len(convs), s, None if openers else s, [{"role": "user", "content": q}]))
+        if not convs:
             batch_index += 1
             continue
-        # 2. The model answers them.
-        prompts = [tokenizer.apply_chat_template([{"role": "system", "content": s}, {"role": "user", "content": q}],
-                                                 tokenize=False, add_generation_prompt=True) for s, q in questions]
-        a_ids, teacher, states = _generate(model, tokenizer, prompts, answer_tokens, not greedy_answers, stop_ids,
-                                           seed + 10_000 + batch_index, teacher_top_k, keep_states)
+        records, states_out = [], {}
+        for turn in range(turns):
+            if turn > 0:  # the model writes each conversation's next user message
+                follow = [rng.choice(FOLLOW_UP_OPENERS) if openers else "" for _ in convs]
+                texts = user_turn([magpie_prefix(tokenizer, a, c) for _, _, a, c in convs], follow,
+                                  seed + 20_000 * turn + batch_index)
+                convs = [(i, s, a, c + [{"role": "user", "content": q}]) for (i, s, a, c), q in zip(convs, texts)
+                         if q is not None]
+                if not convs:
+                    break
+            # 2. The model answers them.
+            prompts = [tokenizer.apply_chat_template(_messages(a, c), tokenize=False, add_generation_prompt=True)
+                       for _, _, a, c in convs]
+            a_ids, teacher, states = _generate(model, tokenizer, prompts, answer_tokens, not greedy_answers,
+                                               stop_ids, seed + 10_000 * (turn + 1) + batch_index, teacher_top_k,
+                                               keep_states)
+            for j, ((i, s, a, c), text, ids) in enumerate(zip(convs, prompts, a_ids)):
+                p_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+                answer = tokenizer.decode(ids, skip_special_tokens=True)
+                record = {"input_ids": p_ids + ids, "prompt_len": len(p_ids), "system": s if a is not None else "",
+                          "question": c[-1]["content"], "answer": answer, "batch": batch_index, "row": i}
+                if turns > 1:
+                    record["turn"] = turn
+                if teacher:
+                    record["teacher_top_ids"], record["teacher_top_logprobs"] = teacher[j]
+                if keep_states:
+                    states_out[_state_key(record)] = states[j]
+                records.append(record)
+                made_tokens += len(ids)
+            convs = [(i, s, a, c + [{"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}])
+                     for (i, s, a, c), ids in zip(convs, a_ids)]
         if keep_states:  # before the records: a record with a batch number always has its states
             path = states_path(out_path, batch_index)
             path.parent.mkdir(parents=True, exist_ok=True)
-            save_file({str(i): st for i, st in enumerate(states)}, str(path), metadata={"target": target_name})
+            save_file(states_out, str(path), metadata={"target": target_name})
         with out_path.open("a") as f:
-            for i, ((s, q), text, ids) in enumerate(zip(questions, prompts, a_ids)):
-                p_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-                answer = tokenizer.decode(ids, skip_special_tokens=True)
-                record = {"input_ids": p_ids + ids, "prompt_len": len(p_ids), "system": s, "question": q,
-                          "answer": answer, "batch": batch_index, "row": i}
-                if teacher:
-                    record["teacher_top_ids"], record["teacher_top_logprobs"] = teacher[i]
+            for record in records:
                 f.write(json.dumps(record) + "\n")
-                made_tokens += len(p_ids) + len(ids)
-                have += 1
+        have += len(records)
         batch_index += 1
         rate = made_tokens / (time.perf_counter() - start)
-        log(f"[data] {have}/{num} conversations, {rate:.0f} tokens/s written")
+        log(f"[data] {have}/{num} records, {rate:.0f} answer tokens/s")
     return have
+
+
+def _state_key(record: dict) -> str:
+    """A record's key in its batch's state file: ``"<row>"``, or ``"<turn>.<row>"`` after the first turn."""
+    turn = int(record.get("turn", 0))
+    return f"{turn}.{record['row']}" if turn else str(record["row"])
 
 
 def states_path(out_path: Path, batch: int) -> Path:
@@ -240,18 +326,23 @@ def load_answer_states(out_path: str | Path, records: list[dict], target_name: s
                 with safe_open(str(path), "pt") as f:
                     if (f.metadata() or {}).get("target") == target_name:
                         by_batch[b] = {k: f.get_tensor(k) for k in f.keys()}
-        states = (by_batch[b] or {}).get(str(r["row"]))
+        states = (by_batch[b] or {}).get(_state_key(r))
         ok = states is not None and states.shape[0] == len(r["input_ids"]) - int(r["prompt_len"])
         out.append(states if ok else None)
     return out
 
 
-def load_records(path: str | Path) -> list[dict]:
-    """Every record of a conversations file (see the module docstring for the fields).
+def load_records(path: str | Path | list) -> list[dict]:
+    """Every record of one conversations file, or of several in order (see the module docstring
+    for the fields). With several files each record gets ``"source"``: its file's path.
 
     Raises:
         FileNotFoundError: no such file; ValueError: a line lacks ``input_ids`` or ``prompt_len``.
     """
+    if isinstance(path, (list, tuple)):
+        if len(path) == 1:
+            return load_records(path[0])
+        return [dict(r, source=str(one)) for one in path for r in load_records(one)]
     records = []
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
@@ -263,12 +354,36 @@ def load_records(path: str | Path) -> list[dict]:
     return records
 
 
+def load_states_for(paths: str | Path | list, records: list[dict], target_name: str) -> list[torch.Tensor | None]:
+    """:func:`load_answer_states` for records read by :func:`load_records` from one file or several."""
+    if not isinstance(paths, (list, tuple)) or len(paths) == 1:
+        return load_answer_states(paths[0] if isinstance(paths, (list, tuple)) else paths, records, target_name)
+    by_source = {}
+    for one in paths:
+        part = [r for r in records if r.get("source") == str(one)]
+        by_source.update(zip(map(id, part), load_answer_states(one, part, target_name)))
+    return [by_source.get(id(r)) for r in records]
+
+
 def split_records(records: list, held_out: float = 0.05, seed: int = 0) -> tuple[list, list]:
-    """A deterministic train / held-out split (at least one held-out record when there are two or more)."""
-    order = list(range(len(records)))
-    random.Random(seed).shuffle(order)
-    n_held = min(max(1, int(len(records) * held_out)), len(records) - 1) if len(records) > 1 else 0
-    held = set(order[:n_held])
+    """A deterministic train / held-out split (at least one held-out record when there are two or more).
+
+    The turns of one multi-turn conversation (records with ``"turn"``, same file, batch and row)
+    stay on one side, since a later turn's prompt holds the earlier answers.
+    """
+    groups: dict = {}
+    for i, r in enumerate(records):
+        key = (r.get("source"), r.get("batch"), r.get("row")) if "turn" in r else i
+        groups.setdefault(key, []).append(i)
+    keys = list(groups)
+    random.Random(seed).shuffle(keys)
+    target = min(max(1, int(len(records) * held_out)), len(records) - 1) if len(records) > 1 else 0
+    held: set[int] = set()
+    for key in keys:
+        if len(held) >= target:
+            break
+        if len(held) + len(groups[key]) < len(records):
+            held.update(groups[key])
     return ([r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held])
 
 
@@ -278,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m playground.training.data", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="default", help="target model: default, hub id, folder or .gguf")
     p.add_argument("--out", required=True, type=Path, help="JSON Lines file to write (resumed when it exists)")
-    p.add_argument("--num", type=int, default=2000, help="conversations wanted")
+    p.add_argument("--num", type=int, default=2000, help="records wanted (one per answered turn)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--question-tokens", type=int, default=64)
     p.add_argument("--answer-tokens", type=int, default=192)
@@ -288,6 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-states", action=argparse.BooleanOptionalAction, default=True,
                    help="save the target's last hidden states at answer positions for the Medusa trainer "
                         "(about 1.2 KB a token, in OUT.states/)")
+    p.add_argument("--turns", type=int, default=1, help="user turns per conversation (each is a record)")
+    p.add_argument("--openers", action="store_true",
+                   help="start user turns with generic instruction words and answer with the template's default "
+                        "system prompt (see USER_OPENERS)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     args = p.parse_args(argv)
@@ -297,8 +416,9 @@ def main(argv: list[str] | None = None) -> int:
                                   question_tokens=args.question_tokens, answer_tokens=args.answer_tokens,
                                   greedy_answers=not args.sample_answers, seed=args.seed,
                                   stop_ids=list(loaded.eos_token_ids), teacher_top_k=args.teacher_top_k,
-                                  keep_states=args.keep_states, target_name=loaded.spec)
-    print(f"[data] {args.out}: {have} conversations")
+                                  keep_states=args.keep_states, target_name=loaded.spec, turns=args.turns,
+                                  openers=args.openers)
+    print(f"[data] {args.out}: {have} records")
     return 0
 
 

@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m playground.training.draft", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--target", default="default")
-    p.add_argument("--data", required=True, type=Path, help="conversations from playground.training.data")
+    p.add_argument("--data", required=True, type=Path, nargs="+",
+                   help="conversations from playground.training.data (several files are read in order)")
     p.add_argument("--out", required=True, type=Path, help="folder to save the draft in")
     p.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (most frequent target tokens)")
     p.add_argument("--hidden", type=int, default=384)
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=float, default=6.0)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--max-len", type=int, default=256, help="tokens kept per conversation")
+    p.add_argument("--max-len", type=int, default=512, help="tokens kept per conversation")
     p.add_argument("--minutes", type=float, default=None,
                    help="stop training this many minutes after the start (the learning-rate schedule then "
                         "follows the time, so it has decayed when the budget ends the run)")

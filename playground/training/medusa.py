@@ -319,8 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  description="Train Medusa heads (Medusa-1, target frozen) on self-distilled "
                                              "conversations; save them in the reference format.")
     ap.add_argument("--target", default="default", help="target model spec (as app.py's --target)")
-    ap.add_argument("--data", required=True, help="JSONL conversations with input_ids and prompt_len "
-                                                  "(python -m playground.training.data)")
+    ap.add_argument("--data", required=True, nargs="+", help="JSONL conversations with input_ids and prompt_len "
+                                                             "(python -m playground.training.data); several files "
+                                                             "are read in order")
     ap.add_argument("--out", required=True, help="output folder (config.json + medusa_lm_head.safetensors)")
     ap.add_argument("--heads", type=int, default=4, help="number of heads (head k predicts token t+k+2)")
     ap.add_argument("--layers", type=int, default=1, help="residual blocks per head")
@@ -349,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from playground.engine.models import ModelLoadError, load_model
-    from playground.training.data import load_answer_states, load_records, split_records
+    from playground.training.data import load_records, load_states_for, split_records
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -374,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     config = model.config.get_text_config()
     progress = not args.no_progress
     t0 = time.perf_counter()
-    saved = {id(r): s for r, s in zip(records, load_answer_states(args.data, records, target.spec))}
+    saved = {id(r): s for r, s in zip(records, load_states_for(args.data, records, target.spec))}
     train, held = (collect_features(model, part, args.heads, args.feature_batch, args.max_len, progress=progress,
                                     saved_states=[saved[id(r)] for r in part])
                    for part in (train_records, held_records))
