@@ -291,6 +291,29 @@ def test_proposal_vocab_projects_onto_its_rows_and_round_trips(tmp_path):
         load_heads(tmp_path, FakeLoaded(model))
 
 
+def test_top_tokens_equal_topk_of_the_logits():
+    """``top_tokens`` (the decoding hot path: top-k over the proposal vocabulary's logits only) gives
+    the top-k of the full-width logits, with and without a proposal vocabulary, below a
+    ``vocab_size`` narrower than the lm_head, and falls back when the vocabulary has fewer than k ids."""
+    model = tiny_llama(0)
+    heads = random_heads(model, 3, num_layers=1, share=True, scale=0.3, seed=2)
+    for seed in range(5):
+        h = torch.randn(32, generator=torch.Generator().manual_seed(seed))
+        for vocab in (None, 60, 64):
+            for proposal in (None, sorted(torch.randperm(64, generator=torch.Generator().manual_seed(seed))[:30].tolist()),
+                             [1, 2, 62, 63]):
+                heads.set_proposal_vocab(proposal)
+                logits = heads(h, 2)
+                logits = logits[..., :vocab] if vocab is not None else logits
+                for k in (1, 3, 5):
+                    top = heads.top_tokens(h, 2, k, vocab)
+                    assert top.shape == (2, k)
+                    usable = [t for t in (proposal or range(64)) if vocab is None or t < vocab]
+                    if len(usable) >= k:  # the same tokens in the same order (random logits: no ties)
+                        assert torch.equal(top, torch.topk(logits, k, dim=-1).indices)
+                        assert set(top.flatten().tolist()) <= set(usable)
+
+
 def test_head_count_comes_from_tensors(tmp_path):
     """A config that names the wrong head count is overruled by the tensors; a hidden-size mismatch
     with the target and an unknown key give clear errors."""

@@ -42,7 +42,8 @@ def test_page_builds_with_and_without_heads():
     """With heads the page builds and the auto tree is chosen (and named); without, it still builds."""
     engine = _engine(True)
     build_demo(engine)
-    assert engine.medusa_auto is not None and "nodes" in engine.medusa_auto[0].describe()
+    # "N nodes, depth d: ..." or, when timing noise makes plain decoding look best, "1 node: ..."
+    assert engine.medusa_auto is not None and " node" in engine.medusa_auto[0].describe()
     build_demo(_engine(False))
 
 

@@ -154,8 +154,8 @@ class MedusaHeads(nn.Module):
         self.proposal_vocab, self._proposal_rows = ids, None
         return self
 
-    def _proposal_projection(self, x: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        """Full-width logits with only the proposal vocabulary's rows computed (the rest -inf)."""
+    def _proposal_logits(self, x: torch.Tensor, lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The proposal vocabulary's ids ``(m,)``, their logits ``(..., m)`` and the lm_head's width."""
         weight = getattr(lm_head, "weight", None)
         if weight is None:
             raise RuntimeError("a proposal vocabulary needs an lm_head with a weight")
@@ -164,10 +164,37 @@ class MedusaHeads(nn.Module):
             bias = getattr(lm_head, "bias", None)
             self._proposal_rows = (ids, weight.detach()[ids].contiguous(), None if bias is None else bias.detach()[ids])
         ids, rows, bias = self._proposal_rows
-        sub = nn.functional.linear(x.to(rows.dtype), rows, bias)  # (..., m)
-        out = sub.new_full((*sub.shape[:-1], int(weight.shape[0])), float("-inf"))
+        return ids, nn.functional.linear(x.to(rows.dtype), rows, bias), int(weight.shape[0])
+
+    def _proposal_projection(self, x: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """Full-width logits with only the proposal vocabulary's rows computed (the rest -inf)."""
+        ids, sub, width = self._proposal_logits(x, lm_head)
+        out = sub.new_full((*sub.shape[:-1], width), float("-inf"))
         out[..., ids] = sub
         return out
+
+    def top_tokens(self, hidden: torch.Tensor, num_heads: int, k: int, vocab_size: int | None = None) -> torch.Tensor:
+        """The ``k`` most likely tokens of each of the first ``num_heads`` heads.
+
+        Args:
+            hidden: ``(hidden_size,)`` the target's last hidden state.
+            num_heads: heads to run; k: tokens per head; vocab_size: only ids below it (the
+                tokenizer's vocabulary when the lm_head is padded wider); None: every id.
+
+        Returns:
+            ``(num_heads, k)`` token ids, most likely first: ``topk(self(hidden, num_heads)[:, :vocab_size], k)``.
+            With a proposal vocabulary of at least ``k`` usable ids the top-k runs over those
+            ids' logits only, with no full-width row built (the decoding hot path).
+        """
+        if self.share_lm_head and self.proposal_vocab is not None and self._lm_head:
+            ids, sub, _ = self._proposal_logits(self.residual(hidden, num_heads), self._lm_head[0])
+            if vocab_size is not None and int(ids[-1]) >= vocab_size:  # ids are sorted: drop the padding rows
+                keep = int(torch.searchsorted(ids, vocab_size))
+                ids, sub = ids[:keep], sub[..., :keep]
+            if ids.numel() >= k:
+                return ids[torch.topk(sub, k, dim=-1).indices]
+        logits = self(hidden, num_heads)
+        return torch.topk(logits[..., :vocab_size] if vocab_size is not None else logits, k, dim=-1).indices
 
     def residual(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         """``(..., hidden_size)`` -> ``(..., num_heads, hidden_size)``: each head's blocks (shared-lm_head heads)."""
@@ -437,8 +464,7 @@ class MedusaDrafter(Drafter):
                              f"{None if state.hidden is None else tuple(state.hidden.shape)}")
         # 2. The top-k tokens of every head the tree reaches, from the hidden state at the root's parent.
         depth = int(self.buffers.depths[n - 1])
-        logits = self.heads(state.hidden, depth)[:, :state.vocab_size]  # (depth, vocab_size)
-        top = torch.topk(logits, self.top_k, dim=-1).indices.cpu()  # (num_heads, top_k)
+        top = self.heads.top_tokens(state.hidden, depth, self.top_k, state.vocab_size).cpu()  # (depth, top_k)
         # 3. Node i's token: head depths[i]'s ranks[i]-th token.
         depths, ranks = self.buffers.depths[:n], self.buffers.ranks[:n]
         tokens = top[depths - 1, ranks]

@@ -236,13 +236,14 @@ def measure_head_accuracy(target: CausalLM, heads, prompt_ids: list[int], new_to
 @torch.inference_mode()
 def measure_head_cost(target: CausalLM, heads, one_token_s: float, repeats: int = 5) -> float:
     """One head's time per step relative to a one-token target forward (``one_token_s`` seconds):
-    all heads are timed together and the time divided by their number."""
+    all heads are timed together, as decoding runs them (:meth:`MedusaHeads.top_tokens`), and the
+    time divided by their number."""
     hidden = torch.zeros(heads.hidden_size, dtype=target.dtype, device=target.device)
-    heads(hidden)
+    heads.top_tokens(hidden, heads.num_heads, MEDUSA_TOP_K, target.vocab_size)
     times = []
     for _ in range(repeats):
         t0 = target.clock()
-        heads(hidden)
+        heads.top_tokens(hidden, heads.num_heads, MEDUSA_TOP_K, target.vocab_size).cpu()
         times.append(target.clock() - t0)
     return statistics.median(times) / heads.num_heads / one_token_s if one_token_s > 0 else 0.0
 
