@@ -246,6 +246,21 @@ def test_command_line_fits_the_schedule_to_the_time_budget(tmp_path, monkeypatch
     assert state["sched"]["_last_lr"][0] == pytest.approx(0.1 * 3e-3, rel=0.01)
     assert (out / "config.json").exists() and (out / "draft_vocab.json").exists()
 
+    # --init: a second run continues from the saved draft (same vocabulary and architecture; its
+    # --hidden is ignored) over two data files, and starts where the first one ended.
+    more = tmp_path / "more.jsonl"
+    more.write_text("".join(json.dumps(r) + "\n" for r in _fake_records(10, 2)))
+    rc = train_draft.main(["--data", str(data), str(more), "--out", str(tmp_path / "again"), "--init", str(out),
+                           "--hidden", "16", "--batch-size", "4", "--epochs", "1", "--lr", "1e-9"])
+    assert rc == 0
+    again = json.loads((tmp_path / "again" / "training_summary.json").read_text())
+    assert again["init"] == str(out) and again["hidden"] == 32 and again["conversations"] == 50
+    assert (tmp_path / "again" / "draft_vocab.json").read_text() == (out / "draft_vocab.json").read_text()
+    from safetensors.torch import load_file  # a learning rate of 1e-9: the weights it started from
+    first, second = load_file(str(out / "model.safetensors")), load_file(str(tmp_path / "again" / "model.safetensors"))
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    assert train_draft.main(["--data", str(data), "--out", str(tmp_path / "x"), "--init", str(tmp_path)]) == 2
+
 
 # ----------------------------------------------------------------------------------------------
 # The draft shipped for the embedded default

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from playground.engine.draft_model import TokenMap
+from playground.engine.draft_model import TOKEN_MAP_FILE, TokenMap
 from playground.training.data import load_records, split_records
 
 PROMPT_LOSS_WEIGHT = 0.1
@@ -252,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                         "follows the time, so it has decayed when the budget ends the run)")
     p.add_argument("--held-out", type=float, default=0.05)
     p.add_argument("--resume", action="store_true", help="continue from OUT.ckpt")
+    p.add_argument("--init", type=Path, help="start from this earlier draft (its weights, architecture and "
+                                             "vocabulary; --vocab, --hidden, --layers ... are then ignored)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
@@ -265,12 +267,27 @@ def main(argv: list[str] | None = None) -> int:
     state = torch.load(ckpt / "state.pt", weights_only=False) if args.resume and (ckpt / "state.pt").exists() else None
     target_vocab = int(target.model.config.get_text_config().vocab_size)
     specials = sorted({int(i) for i in target.tokenizer.all_special_ids} | set(target.eos_token_ids))
-    vocab = state["vocab"] if state else build_vocab(train, args.vocab, specials)
+    init_map = None
+    if args.init:  # continue training an earlier draft: its weights, architecture and vocabulary
+        init_map = TokenMap.load(args.init, target_vocab)
+        if init_map is None:
+            print(f"error: --init {args.init}: no {TOKEN_MAP_FILE} (a draft made by this command)", file=sys.stderr)
+            return 2
+    vocab = state["vocab"] if state else init_map.to_target.tolist() if init_map else build_vocab(train, args.vocab,
+                                                                                                   specials)
     token_map = TokenMap(vocab, target_vocab)
     print(f"[draft] vocabulary {len(vocab)} tokens covers {coverage(held, token_map):.1%} of held-out answer tokens")
-    draft = init_draft(target.model, token_map, args.hidden, args.layers, args.intermediate, args.heads, args.kv_heads)
+    if args.init:
+        from transformers import AutoModelForCausalLM
+
+        draft = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+    else:
+        draft = init_draft(target.model, token_map, args.hidden, args.layers, args.intermediate, args.heads,
+                           args.kv_heads)
+    cfg = draft.config
     n_params = sum(p.numel() for p in draft.parameters())
-    print(f"[draft] Llama draft: hidden {args.hidden}, {args.layers} layers, {n_params / 1e6:.2f} M parameters")
+    print(f"[draft] Llama draft: hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, {n_params / 1e6:.2f} M "
+          f"parameters{f' (from {args.init})' if args.init else ''}")
 
     g = torch.Generator().manual_seed(args.seed)
     train_ex = make_examples(train, token_map, args.max_len)
@@ -343,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     t_draft, t_target = time_per_token(draft), time_per_token(target.model)
     summary = {
         "target": target.name, "conversations": len(records), "train_tokens": sum(len(r["input_ids"]) for r in train),
-        "vocab": len(vocab), "hidden": args.hidden, "layers": args.layers, "intermediate": args.intermediate,
+        "vocab": len(vocab), "hidden": cfg.hidden_size, "layers": cfg.num_hidden_layers,
+        "intermediate": cfg.intermediate_size, "init": str(args.init) if args.init else None,
         "parameters": n_params, "steps": step, "epochs": step / steps_per_epoch,
         "minutes": (time.perf_counter() - started) / 60,
         "held_out_vocab_coverage": coverage(held, token_map),
