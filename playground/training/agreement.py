@@ -1,0 +1,194 @@
+"""How often a draft model and Medusa heads predict the target's own tokens on benchmark prompts.
+
+A benchmark run (``python -m playground.bench --out FILE``) records the autoregressive
+baseline's output ids for every (question, turn). This command rebuilds each of those prompts as
+the benchmark built it (the chat template over the question's user turns so far and the
+baseline's own earlier answers), then runs the models once over prompt + answer (teacher
+forcing) and counts, at every answer position:
+
+* **draft agreement**: the draft's argmax equals the target's greedy token. This is the chance
+  that a drafted token passes greedy verification when the tokens before it were right, the
+  per-token acceptance alpha that the expected tokens per step (1 - alpha^(K+1)) / (1 - alpha)
+  of Leviathan et al. 2023 assumes;
+* **head k top-1**: Medusa head k's argmax at position t equals the token at t + k + 2
+  (unconditional: whether the heads before it were right is not asked).
+
+No timing is involved, so it runs on a busy machine and in seconds per question; it tells
+whether a newly trained draft or set of heads predicts the benchmark's tokens better before a
+timed benchmark. The numbers are the distribution the speedup depends on, on real prompts,
+instead of the trainers' held-out split of self-generated conversations.
+
+Command line::
+
+    python -m playground.bench --questions spec_bench --limit 24 --methods autoregressive \\
+        --max-new-tokens 128 --out runs.jsonl
+    python -m playground.training.agreement --results runs.jsonl --questions spec_bench \\
+        --draft assets/draft/default --medusa assets/medusa/default
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from playground.bench import BASELINE, BenchError, load_questions
+
+
+@dataclass(frozen=True)
+class TeacherSequence:
+    """One baseline answer with the prompt it was generated from (token ids)."""
+
+    category: str
+    turn: int
+    prompt_ids: list[int]
+    answer_ids: list[int]
+
+
+def bench_sequences(records: list[dict], questions: list, encode) -> list[TeacherSequence]:
+    """The baseline's (question, turn) runs of a benchmark file, with their prompts rebuilt.
+
+    Args:
+        records: the benchmark's records (``python -m playground.bench --out``).
+        questions: the :class:`~playground.bench.Question` list the benchmark ran.
+        encode: ``encode(messages) -> prompt ids``, the engine's
+            :meth:`~playground.engine.compare.Engine.encode_prompt`.
+
+    Raises:
+        ValueError: no baseline record, or a rebuilt prompt whose length differs from the
+        recorded ``prompt_tokens`` (another target, template or question file).
+    """
+    base = {(str(r["question_id"]), int(r.get("turn", 0))): r for r in records if r.get("method") == BASELINE}
+    if not base:
+        raise ValueError(f"the results hold no {BASELINE} records: run the benchmark with --methods {BASELINE}")
+    out = []
+    for q in questions:
+        history: list[dict] = []
+        for turn, user in enumerate(q.turns):
+            rec = base.get((str(q.question_id), turn))
+            if rec is None:
+                break
+            prompt = encode(history + [{"role": "user", "content": user}])
+            if "prompt_tokens" in rec and len(prompt) != rec["prompt_tokens"]:
+                raise ValueError(f"question {q.question_id} turn {turn}: the rebuilt prompt has {len(prompt)} tokens, "
+                                 f"the benchmark's had {rec['prompt_tokens']} (another target or question file?)")
+            out.append(TeacherSequence(q.category, turn, prompt, list(rec["output_ids"])))
+            history += [{"role": "user", "content": user}, {"role": "assistant", "content": rec["output_text"]}]
+    return out
+
+
+@torch.inference_mode()
+def draft_hits(draft_model, token_map, seq: TeacherSequence) -> torch.Tensor:
+    """``(len(answer_ids),)`` bool: where the draft's argmax is the target's token (one draft forward).
+
+    Args:
+        draft_model: a transformers causal LM; token_map: its
+            :class:`~playground.engine.draft_model.TokenMap`, or None when it has the target's ids.
+    """
+    ids = torch.tensor(seq.prompt_ids + seq.answer_ids, dtype=torch.long)
+    feed = ids[:-1] if token_map is None else token_map.draft_ids(ids[:-1])
+    device = next(draft_model.parameters()).device
+    pred = draft_model(input_ids=feed[None].to(device)).logits[0].argmax(-1).cpu()  # (len - 1,)
+    if token_map is not None:
+        pred = token_map.to_target[pred]
+    p = len(seq.prompt_ids)
+    return pred[p - 1:] == ids[p:]
+
+
+@torch.inference_mode()
+def head_hits(target_model, heads, seq: TeacherSequence, vocab_size: int) -> list[tuple[int, int]]:
+    """Per Medusa head k (0-based): (positions where its top-1 is the token k + 2 ahead, positions counted).
+
+    One target forward over prompt + answer gives the last hidden states at the answer positions;
+    the positions counted are those whose token k + 2 ahead is inside the answer.
+    """
+    ids = torch.tensor(seq.prompt_ids + seq.answer_ids, dtype=torch.long)
+    device = next(target_model.parameters()).device
+    hidden = target_model(input_ids=ids[None].to(device), output_hidden_states=True).hidden_states[-1][0]
+    p, n = len(seq.prompt_ids), len(seq.answer_ids)
+    states = hidden[p - 1:p - 1 + n]  # state i predicts answer token i (target's head), i + k + 1 (head k)
+    top = heads.top_tokens(states, heads.num_heads, 1, vocab_size)[..., 0].cpu()  # (n, num_heads)
+    out = []
+    for k in range(heads.num_heads):
+        m = max(n - k - 1, 0)
+        out.append((int((top[:m, k] == ids[p + k + 1:p + n]).sum()), m))
+    return out
+
+
+def agreement_table(seqs: list[TeacherSequence], draft_counts: list[int] | None,
+                    head_counts: list[list[tuple[int, int]]] | None) -> str:
+    """Per (category, turn) and overall: answer tokens, draft agreement, each head's top-1."""
+    groups: dict = defaultdict(list)
+    for i, s in enumerate(seqs):
+        groups[(s.category, s.turn)].append(i)
+        groups[("all", s.turn)].append(i)
+        groups[("all", "all")].append(i)
+    num_heads = len(head_counts[0]) if head_counts else 0
+    header = ["category", "turn", "tokens"] + (["draft"] if draft_counts else []) + \
+        [f"head {k + 1}" for k in range(num_heads)]
+    lines = []
+    for (cat, turn), idx in sorted(groups.items(), key=lambda kv: (kv[0][0] == "all", str(kv[0][0]), str(kv[0][1]))):
+        tokens = sum(len(seqs[i].answer_ids) for i in idx)
+        row = [cat, str(turn), str(tokens)]
+        if draft_counts:
+            row.append(f"{sum(draft_counts[i] for i in idx) / max(tokens, 1):.1%}")
+        for k in range(num_heads):
+            hit, tot = (sum(head_counts[i][k][j] for i in idx) for j in (0, 1))
+            row.append(f"{hit / tot:.1%}" if tot else "-")
+        lines.append(row)
+    widths = [max(len(r[c]) for r in [header] + lines) for c in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header] + lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m playground.training.agreement",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", required=True, help="a benchmark --out file with autoregressive records")
+    ap.add_argument("--questions", required=True, help="the question file (or built-in set) the benchmark ran")
+    ap.add_argument("--target", default="default")
+    ap.add_argument("--draft", help="draft model (default: the shipped draft of the default target)")
+    ap.add_argument("--medusa", help="Medusa heads (default: the shipped heads of the default target)")
+    ap.add_argument("--threads", type=int, help="torch CPU threads")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from playground.engine.compare import Engine
+    from playground.engine.models import ModelLoadError
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        records = [json.loads(line) for line in Path(args.results).read_text().splitlines() if line.strip()]
+        questions = load_questions(args.questions)
+    except (OSError, ValueError, BenchError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        engine = Engine.load(args.target, draft=args.draft, medusa=args.medusa, device="cpu", dtype="float32",
+                             methods=["draft_model", "medusa"])
+        seqs = bench_sequences(records, questions, engine.encode_prompt)
+    except (ModelLoadError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    draft_counts = head_counts = None
+    if engine.draft is not None:
+        draft_counts = [int(draft_hits(engine.draft.model, getattr(engine.draft, "token_map", None), s).sum())
+                        for s in seqs]
+    if engine.medusa is not None:
+        head_counts = [head_hits(engine.target.model, engine.medusa, s, engine.target_lm.vocab_size) for s in seqs]
+    print(f"teacher-forced on {len(seqs)} baseline answers ({sum(len(s.answer_ids) for s in seqs)} tokens) of "
+          f"{args.results}; draft: {engine.draft.name if engine.draft else 'none'}; heads: "
+          f"{'loaded' if engine.medusa is not None else 'none'}")
+    print(agreement_table(seqs, draft_counts, head_counts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

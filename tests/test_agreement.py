@@ -1,0 +1,106 @@
+"""Teacher-forced agreement on benchmark answers (playground.training.agreement): prompts rebuilt
+as the benchmark built them, draft agreement that matches what greedy draft-model decoding
+accepts, head accuracy that matches the Medusa calibration measurement, and the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from playground import bench
+from playground.engine.compare import Engine, MethodSpec
+from playground.engine.decoding import GenerationSettings
+from playground.engine.medusa import heads_spec, load_heads
+from playground.engine.medusa_trees import measure_head_accuracy
+from playground.engine.models import default_draft_spec, load_draft
+from playground.training import agreement
+
+pytestmark = [pytest.mark.real_model, pytest.mark.usefixtures("torch_single_thread")]
+
+QUESTION = {"question_id": 7, "category": "writing",
+            "turns": ["Write two sentences about the sea.", "Now make them rhyme."]}
+
+
+@pytest.fixture(scope="module")
+def engine(real_target):
+    draft = load_draft(default_draft_spec("default"), real_target)
+    return Engine(real_target, draft, medusa=load_heads(heads_spec("default"), real_target))
+
+
+@pytest.fixture(scope="module")
+def results(engine, tmp_path_factory):
+    """A two-turn benchmark run of the baseline (16 new tokens a turn), as ``bench --out`` writes it."""
+    folder = tmp_path_factory.mktemp("agreement")
+    (folder / "q.jsonl").write_text(json.dumps(QUESTION) + "\n")
+    out = folder / "runs.jsonl"
+    assert bench.main(["--questions", str(folder / "q.jsonl"), "--methods", "autoregressive", "--max-new-tokens", "16",
+                       "--out", str(out), "--no-progress", "--draft", "none", "--medusa", "none"]) == 0
+    return folder, [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_prompts_are_rebuilt_as_the_benchmark_built_them(engine, results):
+    folder, records = results
+    seqs = agreement.bench_sequences(records, bench.load_questions(folder / "q.jsonl"), engine.encode_prompt)
+    assert [(s.category, s.turn) for s in seqs] == [("writing", 0), ("writing", 1)]
+    first, second = seqs
+    assert first.prompt_ids == engine.encode_prompt(QUESTION["turns"][0])
+    assert second.prompt_ids == engine.encode_prompt([
+        {"role": "user", "content": QUESTION["turns"][0]},
+        {"role": "assistant", "content": records[0]["output_text"]},
+        {"role": "user", "content": QUESTION["turns"][1]}])
+    assert [s.answer_ids for s in seqs] == [r["output_ids"] for r in records]
+    # Another question file (different turns): the prompt lengths disagree with the records.
+    other = [bench.Question(7, "writing", ("Hi.", "Now make them rhyme."))]
+    with pytest.raises(ValueError, match="rebuilt prompt has"):
+        agreement.bench_sequences(records, other, engine.encode_prompt)
+    with pytest.raises(ValueError, match="no autoregressive records"):
+        agreement.bench_sequences([dict(r, method="medusa") for r in records], other, engine.encode_prompt)
+
+
+def test_draft_agreement_is_what_greedy_draft_decoding_accepts(engine):
+    """With K = 1 every step drafts one token at the next output position; greedy verification
+    accepts it exactly where the teacher-forced draft's argmax is the target's token."""
+    prompt = engine.encode_prompt("Explain what a prime number is.")
+    tokens, checked = [], []
+    for event in engine.run_one(prompt, MethodSpec("draft_model", {"k": 1}), GenerationSettings(max_new_tokens=40)):
+        if event.step > 0 and event.proposed == 1:
+            checked.append((len(tokens), event.accepted == 1))
+        tokens += event.tokens
+    seq = agreement.TeacherSequence("x", 0, prompt, tokens)
+    hits = agreement.draft_hits(engine.draft.model, engine.draft.token_map, seq)
+    assert hits.shape == (len(tokens),) and len(checked) >= 10
+    mismatches = sum(bool(hits[i]) != accepted for i, accepted in checked)
+    assert mismatches <= 1, f"{mismatches} of {len(checked)} steps disagree"  # one near-tie allowed
+    assert 0 < sum(a for _, a in checked) < len(checked)
+
+
+def test_head_accuracy_matches_the_calibration_measurement(engine):
+    """Head k's top-1 hits over the target's greedy answer equal the auto tree's calibration
+    measurement (incremental decoding) on the same prompt."""
+    prompt = engine.encode_prompt("List three uses of copper.")
+    expected = measure_head_accuracy(engine.target_lm, engine.medusa, prompt, new_tokens=24, top_k=1)
+    tokens = []
+    for event in engine.run_one(prompt, MethodSpec("autoregressive"), GenerationSettings(max_new_tokens=24)):
+        tokens += event.tokens
+    assert len(tokens) == 24, "the answer ended early; pick a longer-winded prompt"
+    hits = agreement.head_hits(engine.target.model, engine.medusa, agreement.TeacherSequence("x", 0, prompt, tokens),
+                               engine.target_lm.vocab_size)
+    assert [tot for _, tot in hits] == [24 - k - 1 for k in range(engine.medusa.num_heads)]
+    for k, (hit, tot) in enumerate(hits):
+        assert hit / tot == pytest.approx(expected[k][0], abs=1.01 / tot), k
+
+
+def test_command_line_prints_the_table(results, capsys):
+    folder, _ = results
+    assert agreement.main(["--results", str(folder / "runs.jsonl"), "--questions", str(folder / "q.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "teacher-forced on 2 baseline answers (32 tokens)" in out
+    lines = out.splitlines()
+    assert lines[1].split() == ["category", "turn", "tokens", "draft", "head", "1", "head", "2", "head", "3",
+                                "head", "4"]
+    assert [ln.split()[:3] for ln in lines[2:]] == [["writing", "0", "16"], ["writing", "1", "16"], ["all", "0", "16"],
+                                                    ["all", "1", "16"], ["all", "all", "32"]]
+    assert all(ln.split()[3].endswith("%") for ln in lines[2:])
+    assert agreement.main(["--results", str(folder / "missing.jsonl"), "--questions", str(folder / "q.jsonl")]) == 2
