@@ -177,12 +177,13 @@ class MedusaHeads(nn.Module):
         """The ``k`` most likely tokens of each of the first ``num_heads`` heads.
 
         Args:
-            hidden: ``(hidden_size,)`` the target's last hidden state.
+            hidden: ``(..., hidden_size)`` last hidden states (decoding passes one, ``(hidden_size,)``).
             num_heads: heads to run; k: tokens per head; vocab_size: only ids below it (the
                 tokenizer's vocabulary when the lm_head is padded wider); None: every id.
 
         Returns:
-            ``(num_heads, k)`` token ids, most likely first: ``topk(self(hidden, num_heads)[:, :vocab_size], k)``.
+            ``(..., num_heads, k)`` token ids, most likely first:
+            ``topk(self(hidden, num_heads)[..., :vocab_size], k)``.
             With a proposal vocabulary of at least ``k`` usable ids the top-k runs over those
             ids' logits only, with no full-width row built (the decoding hot path).
         """
