@@ -479,7 +479,8 @@ class Runner:
 
 def engine_runner(engine, spec, settings) -> Runner:
     """A :class:`Runner` for an engine method (``spec`` is a ``compare.MethodSpec``)."""
-    return Runner(spec.name, spec.checked_params(), lambda ids: run_method(engine, ids, spec, settings))
+    return Runner(spec.name, engine.with_defaults(spec).checked_params(),
+                  lambda ids: run_method(engine, ids, spec, settings))
 
 
 def run_benchmark(engine, questions: list[Question], runners: list[Runner], max_new_tokens: int,

@@ -105,6 +105,29 @@ def test_reduced_vocab_draft_greedy_equals_baseline(seed, confidence):
     assert sum(e.accepted for e in events) > 0
 
 
+@pytest.mark.parametrize("confidence", [0.0, 0.5])
+def test_greedy_pick_in_draft_ids_matches_the_spread_row(confidence):
+    """The greedy drafter picks in the draft's own ids: the same token and probability as the argmax
+    and softmax of the row spread onto the target's vocabulary (``TokenMap.target_logits``), with
+    the out-of-vocabulary slot never proposed, even when it holds the largest logit."""
+    g = torch.Generator().manual_seed(0)
+    token_map = TokenMap([-1] + torch.randperm(90, generator=g)[:29].tolist(), 90)
+    drafter = DraftModelDrafter(None, 2, token_map, confidence=confidence)
+    for i in range(20):
+        logits = torch.randn(30, generator=g) * 3
+        if i % 4 == 0:
+            logits[token_map.unknown_id] = 100.0
+        spread = token_map.target_logits(logits)
+        token, q = drafter._greedy_pick(logits, 90)
+        assert token == int(spread.argmax())
+        want = float(torch.softmax(spread, -1).max()) if confidence > 0 else 1.0
+        assert q == pytest.approx(want, rel=1e-6)
+    plain = DraftModelDrafter(None, 2, None, confidence=confidence)
+    logits = torch.randn(96, generator=g)
+    logits[92] = 50.0  # a padded id past the target's vocabulary is never proposed
+    assert plain._greedy_pick(logits, 90)[0] == int(logits[:90].argmax())
+
+
 VOCAB = 6
 PROMPT = [0, 1, 2, 3, 4, 5, 0, 1]
 

@@ -171,6 +171,59 @@ def test_load_draft_from_local_folder(default, tmp_path):
         load_draft(str(bad), default, "cpu", "float32")
 
 
+def _tiny_draft_folder(folder, tokenizer, dtype=torch.float32):
+    tiny = LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=16, intermediate_size=32,
+                                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                        max_position_embeddings=256)).to(dtype)
+    tiny.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_draft_knob_defaults_replace_the_global_ones(default, tmp_path):
+    """A draft folder's draft_knobs.json sets draft_model's defaults while it is loaded (what runs
+    and what the benchmark records); knobs the user sets still win; bad files fail at load."""
+    from playground.engine.compare import Engine, MethodSpec
+    from playground.engine.draft_model import DRAFT_KNOBS_FILE
+    from playground.engine.limits import K_KNOB
+
+    folder = _tiny_draft_folder(tmp_path / "d", default.tokenizer)
+    assert load_draft(str(folder), default).knob_defaults == {}
+    (folder / DRAFT_KNOBS_FILE).write_text(json.dumps({"k": 2, "confidence": 0.25}))
+    engine = Engine(default, load_draft(str(folder), default))
+    assert engine.knob_defaults("draft_model") == {"k": 2, "confidence": 0.25}
+    assert engine.knob_defaults("autoregressive") == {}
+    drafter = engine.make_drafter(MethodSpec("draft_model"))
+    assert (drafter.k, drafter.confidence) == (2, 0.25)
+    drafter = engine.make_drafter(MethodSpec("draft_model", {"k": 5}))
+    assert (drafter.k, drafter.confidence) == (5, 0.25)
+    assert engine.with_defaults(MethodSpec("draft_model")).checked_params()["k"] == 2
+    assert Engine(default).knob_defaults("draft_model") == {}
+    assert K_KNOB.default != 2  # the global default itself is untouched
+    for bad, message in (({"k": 0}, r"k must be in \[1, "), ({"window": 3}, "may set only k, confidence")):
+        (folder / DRAFT_KNOBS_FILE).write_text(json.dumps(bad))
+        with pytest.raises(ModelLoadError, match=message):
+            load_draft(str(folder), default)
+
+
+def test_draft_runs_in_float32_with_half_weights_beside_a_bfloat16_cpu_target(default, tmp_path):
+    """On a CPU a draft saved in float16 runs in float32 with float16 weight copies even when the
+    target runs in bfloat16 (a drafted token is faster so); other drafts follow the target."""
+    from playground.engine import cpu_linear
+
+    target = load_model(DEFAULT_TARGET, "cpu", "bfloat16")
+    half = _tiny_draft_folder(tmp_path / "half", default.tokenizer, torch.float16)
+    full = _tiny_draft_folder(tmp_path / "full", default.tokenizer, torch.float32)
+    if cpu_linear.half_weights_available():
+        assert M.draft_dtype(str(half), target) == torch.float32
+        draft = load_draft(str(half), target)
+        assert draft.dtype == torch.float32 and isinstance(draft.model.lm_head, cpu_linear.HalfWeightLinear)
+    assert M.draft_dtype(str(full), target) == torch.bfloat16
+    assert M.draft_dtype("some/hub-id", target) == torch.bfloat16
+    assert M.draft_dtype(str(half), default) == torch.float32  # a float32 target: its dtype
+    assert load_draft(str(half), target, dtype="bfloat16").dtype == torch.bfloat16  # asked for: kept
+
+
 def test_resolve_device():
     assert resolve_device("cpu") == torch.device("cpu")
     auto = resolve_device("auto")

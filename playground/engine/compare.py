@@ -316,13 +316,24 @@ class Engine:
     def available_methods(self) -> list[str]:
         return [m for m in METHODS if self.unavailable_reason(m) is None]
 
+    def knob_defaults(self, method: str) -> dict:
+        """Knob values that replace the global defaults for ``method`` with the loaded models: for
+        draft_model, the ones saved with the draft (``draft_model.DRAFT_KNOBS_FILE``); else {}."""
+        if method == "draft_model" and self.draft is not None:
+            return dict(getattr(self.draft, "knob_defaults", None) or {})
+        return {}
+
+    def with_defaults(self, spec: MethodSpec) -> MethodSpec:
+        """``spec`` with :meth:`knob_defaults` filling the knobs it leaves unset (what runs)."""
+        return MethodSpec(spec.name, {**self.knob_defaults(spec.name), **spec.params})
+
     def make_drafter(self, spec: MethodSpec) -> Drafter:
-        """A fresh drafter for ``spec``.
+        """A fresh drafter for ``spec`` (unset knobs: :meth:`knob_defaults`, then the global defaults).
 
         Raises:
             ValueError: unknown method, bad knob, or a method that cannot run here.
         """
-        params = spec.checked_params()
+        params = self.with_defaults(spec).checked_params()
         reason = self.unavailable_reason(spec.name)
         if reason:
             raise ValueError(f"{spec.name} is unavailable: {reason}")

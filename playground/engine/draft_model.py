@@ -48,6 +48,29 @@ TOKEN_MAP_FILE = "draft_vocab.json"
 draft id, with -1 for the draft's out-of-vocabulary input id."""
 
 
+DRAFT_KNOBS_FILE = "draft_knobs.json"
+"""Optional file in a draft's folder: the draft_model knob values that suit this draft, e.g.
+``{"k": 2, "confidence": 0.2}``; they replace the global defaults while it is loaded (values the
+user sets still win)."""
+
+
+def load_knob_defaults(folder: str | Path) -> dict:
+    """The knob values saved in ``folder/draft_knobs.json`` ({} when there is none).
+
+    Raises:
+        ValueError: a knob draft_model does not have, or a value out of its range.
+    """
+    path = Path(folder) / DRAFT_KNOBS_FILE
+    if not path.is_file():
+        return {}
+    values = json.loads(path.read_text())
+    knobs = {knob.name: knob for knob in (K_KNOB, DRAFT_CONFIDENCE_KNOB)}
+    unknown = sorted(set(values) - set(knobs))
+    if unknown:
+        raise ValueError(f"{DRAFT_KNOBS_FILE} names {', '.join(unknown)}; a draft may set only {', '.join(knobs)}")
+    return {name: knobs[name].check(value) for name, value in values.items()}
+
+
 class TokenMap:
     """Translation between a reduced draft vocabulary and the target's.
 
@@ -151,6 +174,27 @@ class DraftModelDrafter(Drafter):
             del self.fed[common:]
         return tokens[common:]
 
+    def _greedy_pick(self, logits: torch.Tensor, vocab_size: int) -> tuple[int, float]:
+        """The draft's most likely token as a target id, and its probability (1.0 without a
+        confidence threshold, where it is not needed).
+
+        Args:
+            logits: ``(draft_vocab,)`` the draft's logits for one position, in its own ids.
+            vocab_size: the target's vocabulary size; only ids below it may be proposed (a full-
+                vocabulary draft's table may be padded; a token map's out-of-vocabulary slot never is).
+
+        Works in the draft's ids: the same token and probability as the argmax and softmax of
+        ``TokenMap.target_logits(logits)``, without spreading a row onto the target's vocabulary.
+        """
+        if self.token_map is None:
+            logits = logits[:vocab_size]
+        else:
+            logits = logits.clone()
+            logits[self.token_map.unknown_id] = float("-inf")
+        best = int(logits.argmax())
+        q_max = float(torch.softmax(logits.float(), -1)[best]) if self.confidence > 0 else 1.0
+        return (best if self.token_map is None else int(self.token_map.to_target[best])), q_max
+
     def propose(self, state: DecodeState) -> Candidates:
         k = min(self.k, state.budget)
         if k <= 0:
@@ -163,22 +207,24 @@ class DraftModelDrafter(Drafter):
             feed = torch.tensor(pending if i == 0 else [drafted[-1]], dtype=torch.long)
             logits = self.draft.forward(self.cache, feed if self.token_map is None else self.token_map.draft_ids(feed),
                                         last_only=True)[-1]
-            if self.token_map is not None:
-                logits = self.token_map.target_logits(logits)
             self.fed.extend(feed.tolist())
-            probs = None if state.sampling.greedy else logits_to_probs(logits, state.sampling)  # q, shared transform
-            # 2. Stop early when the draft is unsure of this position (its distribution only).
-            if self.confidence > 0:
-                q_max = (torch.softmax(logits[:state.vocab_size].float(), -1) if probs is None else probs).max()
+            if state.sampling.greedy:
+                # 2-3. Greedy: the argmax, unless the draft is unsure of this position.
+                token, q_max = self._greedy_pick(logits, state.vocab_size)
                 if q_max < self.confidence:
                     break
-            # 3. Draft the next token: argmax, or a sample from q.
-            if probs is None:  # only ids the target has (the draft's table may be padded)
-                drafted.append(int(logits[:state.vocab_size].argmax()))
-            else:
-                q = _fit_vocab(probs, state.vocab_size).to(state.device)
-                drafted.append(int(torch.multinomial(q, 1, generator=state.generator).item()))
-                q_rows.append(q)
+                drafted.append(token)
+                continue
+            if self.token_map is not None:
+                logits = self.token_map.target_logits(logits)
+            probs = logits_to_probs(logits, state.sampling)  # q, the target's sampling transform
+            # 2. Stop early when the draft is unsure of this position (its distribution only).
+            if self.confidence > 0 and probs.max() < self.confidence:
+                break
+            # 3. Draft the next token: a sample from q.
+            q = _fit_vocab(probs, state.vocab_size).to(state.device)
+            drafted.append(int(torch.multinomial(q, 1, generator=state.generator).item()))
+            q_rows.append(q)
         if not drafted:
             return Candidates.empty(state.device)
         draft_probs = torch.stack(q_rows) if q_rows else None

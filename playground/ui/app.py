@@ -315,16 +315,18 @@ def run_comparison(engine: Engine, *values, stream=None) -> Iterator[tuple]:
 
 
 # ----- the page ---------------------------------------------------------------------------
-def _knob_input(knob: Knob, elem_id: str, interactive: bool = True):
+def _knob_input(knob: Knob, elem_id: str, interactive: bool = True, value=None):
+    """The input of one knob, starting at ``value`` (None: the knob's default)."""
+    value = knob.default if value is None else value
     if not hasattr(knob, "maximum"):  # a setting chosen by name (ChoiceKnob): a dropdown
-        return gr.Dropdown(list(knob.choices), value=knob.default, label=knob.label, info=knob.info,
+        return gr.Dropdown(list(knob.choices), value=value, label=knob.label, info=knob.info,
                            elem_id=elem_id, interactive=interactive,
                            allow_custom_value=getattr(knob, "parse", None) is not None)
     if knob.maximum - knob.minimum > NUMBER_BOX_RANGE:
-        return gr.Number(value=knob.default, minimum=knob.minimum, maximum=knob.maximum, precision=0,
+        return gr.Number(value=value, minimum=knob.minimum, maximum=knob.maximum, precision=0,
                          step=knob.step, label=knob.label, info=knob.info, elem_id=elem_id,
                          interactive=interactive)
-    return gr.Slider(knob.minimum, knob.maximum, value=knob.default, step=knob.step, label=knob.label,
+    return gr.Slider(knob.minimum, knob.maximum, value=value, step=knob.step, label=knob.label,
                      info=knob.info, elem_id=elem_id, interactive=interactive)
 
 
@@ -376,7 +378,8 @@ def build_demo(engine: Engine) -> gr.Blocks:
                                             elem_classes=["unavailable-reason"])
                             if info.knobs:
                                 with gr.Accordion(f"{info.label} settings", open=False):
-                                    knobs += [_knob_input(k, f"{m}-{k.name}", available[m]) for k in info.knobs]
+                                    knobs += [_knob_input(k, f"{m}-{k.name}", available[m],
+                                                          engine.knob_defaults(m).get(k.name)) for k in info.knobs]
                                     if m == "medusa":  # tree presets, custom tree editor, tree picture
                                         medusa_panel.build(engine, dict(zip([k.name for k in info.knobs],
                                                                             knobs[-len(info.knobs):])))
