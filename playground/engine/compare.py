@@ -286,9 +286,10 @@ class Engine:
     def medusa_auto_tree(self) -> tuple[TreeChoice, dict]:
         """The tree chosen for this device (measured once, then kept): see ``medusa_trees.auto_tree``."""
         if self.medusa_auto is None:
-            calibration = None
-            if self.medusa.top_k_accuracy is None:
+            if getattr(self.target, "tokenizer", None) is not None:
                 calibration = self.encode_prompt(self.MEDUSA_CALIBRATION_PROMPT)
+            else:  # a bare model (tests, API users): time steps from a fixed run of ids
+                calibration = [1 + i % (self.target_lm.vocab_size - 1) for i in range(16)]
             with self.lock:
                 self.medusa_auto = auto_tree(self.target_lm, self.medusa, calibration)
         return self.medusa_auto

@@ -9,8 +9,8 @@ Hardware-aware Speculative Decoding"): with ``rank_probs[h][i]`` the probability
 i-th token is the right one, a node's acceptance probability is the product along its path
 (heads treated as independent), the expected tokens per step is ``1 + sum over nodes``, and
 adding nodes greedily in order of path probability gives the best tree of each size. The
-chosen size maximises ``expected tokens per step / cost(size)`` with ``cost`` measured on
-this device relative to a one-token step.
+chosen size maximises ``expected tokens per step / cost(size)`` with ``cost`` a decoding step
+with that tree measured on this device, relative to a plain decoding step.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 from .limits import MAX_MEDUSA_TREE_NODES, MEDUSA_TOP_K, ChoiceKnob
 from .target import CausalLM
-from .theory import measure_verify_cost
+from .theory import VerifyCost
 from .tree import parse_tree_choices
 
 MC_SIM_7B_63 = [
@@ -193,8 +193,8 @@ def choose_tree(rank_probs: list[list[float]], cost: Callable[[int], float], max
 
 
 # ----- measuring this device ---------------------------------------------------------------------
-COST_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 65)
-"""Query counts at which the verification cost is measured (interpolated in between)."""
+STEP_COST_NODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+"""Tree sizes (nodes) whose decoding step is timed by :func:`measure_step_cost` (interpolated in between)."""
 
 
 @torch.inference_mode()
@@ -234,50 +234,100 @@ def measure_head_accuracy(target: CausalLM, heads, prompt_ids: list[int], new_to
 
 
 @torch.inference_mode()
-def measure_head_cost(target: CausalLM, heads, one_token_s: float, repeats: int = 5) -> float:
-    """One head's time per step relative to a one-token target forward (``one_token_s`` seconds):
-    all heads are timed together, as decoding runs them (:meth:`MedusaHeads.top_tokens`), and the
-    time divided by their number."""
-    hidden = torch.zeros(heads.hidden_size, dtype=target.dtype, device=target.device)
-    heads.top_tokens(hidden, heads.num_heads, MEDUSA_TOP_K, target.vocab_size)
-    times = []
-    for _ in range(repeats):
-        t0 = target.clock()
-        heads.top_tokens(hidden, heads.num_heads, MEDUSA_TOP_K, target.vocab_size).cpu()
-        times.append(target.clock() - t0)
-    return statistics.median(times) / heads.num_heads / one_token_s if one_token_s > 0 else 0.0
+def measure_step_cost(target: CausalLM, heads, paths: list[list[int]], prompt_ids: list[int],
+                      nodes: tuple[int, ...] = STEP_COST_NODES, rounds: int = 10,
+                      useful_below: float | None = None) -> VerifyCost:
+    """Time real Medusa decoding steps with the first n of ``paths`` as the tree, for each n in
+    ``nodes``, against plain decoding steps; the relative costs, keyed by query count n + 1.
+
+    A whole step is timed, as the benchmark times it: the heads, the tree-masked forward pass,
+    verification and the cache commit. Timing the forward pass alone, with nothing between
+    passes, underestimated a tree step on a 2-vCPU CPU (bfloat16, 7 nodes: 1.1x one token alone,
+    1.28x as a decoding step), and the planner then chose trees that lost to smaller ones.
+
+    Steps: 1. start one greedy decode of ``prompt_ids`` per tree size, plus one plain decode;
+    2. for ``rounds`` rounds step each of them once in turn (round-robin, so that drift in the
+    machine's speed hits all alike; the first two steps are not timed); 3. cost(n + 1) = median
+    step time with n nodes / median plain step time.
+
+    Args:
+        target: the target (the heads attached to its output layer).
+        heads: the :class:`~playground.engine.medusa.MedusaHeads`.
+        paths: candidate paths in growth order (:func:`greedy_tree`); each prefix is a valid tree.
+        prompt_ids: ``(prompt_len,)`` a chat prompt to decode from.
+        nodes: tree sizes to time (those beyond ``len(paths)`` are skipped).
+        rounds: timed steps per size (the median is kept).
+        useful_below: when given, a size whose cost after three timed rounds exceeds it (no tree
+            can then pay off: e.g. the expected tokens per step of the biggest tree) is timed no
+            more, nor is any bigger size; they keep that estimate.
+
+    Returns:
+        :class:`~playground.engine.theory.VerifyCost` with ``table`` q -> relative cost (q = 1:
+        plain decoding) and ``seconds`` q -> median seconds per step.
+
+    Raises:
+        ValueError: an empty prompt or ``rounds`` below 1.
+    """
+    from .autoregressive import AutoregressiveDrafter
+    from .decoding import GenerationSettings, decode
+    from .medusa import MedusaDrafter
+
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    sizes = [0] + sorted({n for n in nodes if 1 <= n <= len(paths)})
+    settings = GenerationSettings(max_new_tokens=(rounds + 3) * (1 + heads.num_heads))
+    runs = {}
+    for n in sizes:
+        drafter = (AutoregressiveDrafter() if n == 0 else
+                   MedusaDrafter(heads, sorted(paths[:n], key=lambda p: (len(p), p))))
+        runs[n] = decode(target, drafter, prompt_ids, settings)  # no EOS: every run lasts
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    active = list(sizes)
+    for r in range(rounds + 2):
+        for n in active:
+            event = next(runs[n], None)
+            if event is not None and event.step > 1 and not event.finished:
+                times[n].append(event.seconds)
+        if useful_below is not None and r == 4:  # three timed steps each: drop hopeless sizes
+            base = statistics.median(times[0])
+            hopeless = [n for n in active if n and statistics.median(times[n]) / base > useful_below]
+            if hopeless:
+                active = [n for n in active if n < min(hopeless)]
+    seconds = {n + 1: statistics.median(t) for n, t in times.items() if t}
+    return VerifyCost({q: s / seconds[1] for q, s in seconds.items()}, seconds,
+                      source="decoding steps with each tree size, relative to plain decoding steps")
 
 
-def auto_tree(target: CausalLM, heads, calibration_ids: list[int] | None = None,
-              max_nodes: int = MAX_MEDUSA_TREE_NODES) -> tuple[TreeChoice, dict]:
-    """Choose a tree for this device: measured forward costs, the heads' accuracy (from their
-    ``config.json`` when training recorded it, else measured on ``calibration_ids``).
-
-    The forward costs come from :func:`~playground.engine.theory.measure_verify_cost` (the Theory
-    tab's measurement).
+def auto_tree(target: CausalLM, heads, calibration_ids: list[int], max_nodes: int = MAX_MEDUSA_TREE_NODES,
+              rounds: int = 10) -> tuple[TreeChoice, dict]:
+    """Choose a tree for this device: the heads' accuracy (from their ``config.json`` when training
+    recorded it, else measured on ``calibration_ids``) and the measured cost of decoding steps
+    with the candidate trees (:func:`measure_step_cost`, on ``calibration_ids``; the heads' own
+    time is inside those steps).
 
     Returns:
         The :class:`TreeChoice` and a dict of what was measured (``seconds`` per query count,
-        ``head_cost``, ``accuracy``, ``accuracy_source``, ``measure_s``).
+        ``cost`` per query count, ``accuracy``, ``accuracy_source``, ``measure_s``).
 
     Raises:
-        ValueError: the heads carry no accuracy and no calibration prompt was given.
+        ValueError: an empty calibration prompt.
     """
+    if not calibration_ids:
+        raise ValueError("auto tree: a calibration prompt is needed to time decoding steps")
     t0 = time.perf_counter()
-    # Median of 5 per size, then made non-decreasing: with 3 repeats a noisy probe once put a
-    # 4-token pass at 0.94x one token on a CPU, and the planner overrated its tree by 1.5x.
-    cost = measure_verify_cost(target, sizes=tuple(s for s in COST_SIZES if s <= max_nodes + 1), repeats=5).monotone()
-    seconds = dict(cost.seconds)
     if heads.top_k_accuracy is not None:
         accuracy, source = heads.top_k_accuracy, "held-out accuracy recorded at training"
-    elif calibration_ids:
-        accuracy, source = measure_head_accuracy(target, heads, calibration_ids), "measured on a calibration prompt"
     else:
-        raise ValueError("auto tree: the heads carry no accuracy and no calibration prompt was given")
-    head_cost = measure_head_cost(target, heads, seconds[1])
-    choice = choose_tree(rank_probs_from_accuracy(accuracy), cost, max_nodes, head_cost)
+        accuracy, source = measure_head_accuracy(target, heads, calibration_ids), "measured on a calibration prompt"
+    rank_probs = rank_probs_from_accuracy(accuracy)
+    grown = greedy_tree(rank_probs, max_nodes)
+    paths = [path for path, _ in grown]
+    # A step over more nodes never costs less: noise must not make a bigger tree look cheaper.
+    cost = measure_step_cost(target, heads, paths, calibration_ids, rounds=rounds,
+                             useful_below=1 + sum(p for _, p in grown)).monotone()
+    choice = choose_tree(rank_probs, cost, max_nodes)
     if not choice.choices:  # plain decoding wins: still propose the top-1 chain's first node
         choice.choices, choice.fallback = [[0]], True
-    info = {"seconds": seconds, "head_cost": head_cost, "accuracy": accuracy, "accuracy_source": source,
-            "measure_s": time.perf_counter() - t0}
+    info = {"seconds": dict(cost.seconds), "cost": dict(cost.table), "accuracy": accuracy,
+            "accuracy_source": source, "measure_s": time.perf_counter() - t0}
     return choice, info
