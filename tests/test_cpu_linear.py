@@ -24,10 +24,12 @@ pytestmark = [pytest.mark.usefixtures("torch_single_thread"),
 
 @pytest.fixture(params=[False, True], ids=["one-row-plain", "always-packed"])
 def always_packed(request, monkeypatch):
-    """Run each test with the default rule (one row through small layers goes to F.linear) and
-    with every call packed."""
+    """Run each test with one row through small layers going to F.linear and with every call
+    packed (the two paths the per-shape timing chooses between)."""
     if request.param:
         monkeypatch.setattr(cpu_linear, "ONE_ROW_PACKED_MIN", 0)
+    else:
+        monkeypatch.setattr(cpu_linear, "ONE_ROW_TIMING", False)
     return request.param
 
 
@@ -47,6 +49,30 @@ def test_packed_model_matches_default_layers(always_packed):
         for x in (ids[:, :1], ids):
             want, got = plain(x).logits, packed(x).logits
             assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+def test_one_row_path_is_chosen_per_shape(monkeypatch):
+    """Packing times both paths for one row once per weight shape and thread count: layers of a
+    shape share the verdict; the size floor always packs; without timing small layers take
+    F.linear. Either path gives the same outputs within 1e-4."""
+    model = tiny_llama(0, vocab_size=96, hidden_size=64, intermediate_size=128)
+    monkeypatch.setattr(cpu_linear, "_ONE_ROW_PLAIN", {})
+    pack_linear_layers(model)
+    layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    verdicts: dict = {}
+    for layer in layers:
+        assert isinstance(layer._one_row_plain, bool)
+        assert verdicts.setdefault(tuple(layer.weight.shape), layer._one_row_plain) == layer._one_row_plain
+    assert set(cpu_linear._ONE_ROW_PLAIN) == {(*shape, torch.get_num_threads()) for shape in verdicts}
+    monkeypatch.setattr(cpu_linear, "ONE_ROW_TIMING", False)
+    cpu_linear.choose_one_row_paths(layers)
+    assert all(layer._one_row_plain for layer in layers)
+    x = torch.randn(1, 64)
+    one = layers[0](x)
+    monkeypatch.setattr(cpu_linear, "ONE_ROW_PACKED_MIN", 0)
+    cpu_linear.choose_one_row_paths(layers)
+    assert not any(layer._one_row_plain for layer in layers)
+    assert torch.allclose(layers[0](x), one, atol=1e-4 * one.abs().max().item())
 
 
 def test_tied_output_layer_stays_tied():

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
+import time
 
 import torch
 from torch import nn
@@ -29,7 +31,11 @@ log = logging.getLogger(__name__)
 
 ENV_SWITCH = "PLAYGROUND_ONEDNN"
 ONE_ROW_PACKED_MIN = 8_000_000
-"""Weights (elements) from which even one row is faster packed (the 28 M output layer: 5 ms vs 10)."""
+"""Weights (elements) from which one row always goes through the packed weight (the 28 M output
+layer: 5 ms vs 10 on the AVX2 development machine)."""
+ONE_ROW_TIMING = True
+"""Below :data:`ONE_ROW_PACKED_MIN`, time both paths for one row once per weight shape at packing
+(:func:`choose_one_row_paths`); False: always ``F.linear`` there (the rule measured on AVX2)."""
 
 
 def onednn_available() -> bool:
@@ -78,16 +84,18 @@ class PackedLinear(_PrepackedLinear):
     """An ``nn.Linear`` whose inference forward uses oneDNN with a pre-packed weight.
 
     Input ``(..., in_features)`` float32 on the CPU, output ``(..., out_features)``. A single
-    row through a layer under :data:`ONE_ROW_PACKED_MIN` weights goes to ``F.linear``: there
-    MKL's matrix-vector product is as fast or faster (576 x 576: 52 us against oneDNN's 87 us),
-    so plain decoding and small drafts lose nothing. When
+    row through a layer under :data:`ONE_ROW_PACKED_MIN` weights may go to ``F.linear`` instead
+    (``_one_row_plain``, set by :func:`choose_one_row_paths` to whichever path is faster here):
+    on the AVX2 development machine MKL's matrix-vector product was as fast or faster (576 x 576:
+    52 us against oneDNN's 87 us); on an AVX-512 BF16 EPYC the packed weight was, and a token of the
+    default model took 39 ms all packed against 51 ms. So plain decoding loses nothing. When
     autograd needs the result (training through the layer) it falls back to ``F.linear``, so
     the layer stays trainable; the packed copy is not updated by training, so re-pack
     (:func:`pack_linear_layers`) after changing the weights.
     """
 
     def _setup(self) -> None:
-        self._one_row_plain = self.weight.numel() < ONE_ROW_PACKED_MIN
+        self._one_row_plain = False  # :func:`choose_one_row_paths` decides
 
     def repack(self) -> None:
         self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
@@ -120,7 +128,48 @@ def pack_linear_layers(model: nn.Module) -> int:
             setattr(parent, name, child)
         log.warning("oneDNN packed linear layers disagree with F.linear here; keeping the defaults")
         return 0
+    choose_one_row_paths([getattr(parent, name) for parent, name, _ in swapped])
     return len(swapped)
+
+
+_ONE_ROW_PLAIN: dict[tuple[int, int, int], bool] = {}
+"""(out_features, in_features, threads) -> one row is faster through ``F.linear`` (timed once)."""
+
+
+@torch.inference_mode()
+def choose_one_row_paths(layers: list["PackedLinear"], rounds: int = 25) -> None:
+    """Set each layer's ``_one_row_plain``: whether one row is faster through ``F.linear`` (MKL's
+    matrix-vector product) than through the packed weight, on this CPU at the current thread count.
+
+    Layers from :data:`ONE_ROW_PACKED_MIN` weights always take the packed weight; without
+    :data:`ONE_ROW_TIMING` smaller ones always take ``F.linear``. Otherwise both paths are timed
+    on one layer of each weight shape (after a warm-up, ``rounds`` calls each, alternating; the
+    medians are compared) and the verdict is kept per shape and thread count. Both paths compute
+    the same float32 products (summed in a different order), so the choice changes speed only.
+    """
+    threads = torch.get_num_threads()
+    for layer in layers:
+        if layer.weight.numel() >= ONE_ROW_PACKED_MIN:
+            layer._one_row_plain = False
+            continue
+        if not ONE_ROW_TIMING:
+            layer._one_row_plain = True
+            continue
+        key = (layer.out_features, layer.in_features, threads)
+        if key not in _ONE_ROW_PLAIN:
+            x = torch.randn(1, layer.in_features)
+            plain = lambda: nn.functional.linear(x, layer.weight, layer.bias)  # noqa: E731
+            packed = lambda: PackedLinear.forward(layer, x)  # noqa: E731
+            layer._one_row_plain = False  # PackedLinear.forward then takes the packed path
+            times: dict[str, list[float]] = {"plain": [], "packed": []}
+            for i in range(rounds + 3):
+                for kind, call in (("plain", plain), ("packed", packed)):
+                    t0 = time.perf_counter()
+                    call()
+                    if i >= 3:
+                        times[kind].append(time.perf_counter() - t0)
+            _ONE_ROW_PLAIN[key] = statistics.median(times["plain"]) <= statistics.median(times["packed"])
+        layer._one_row_plain = _ONE_ROW_PLAIN[key]
 
 
 def _agrees(layer: nn.Linear, tolerance: float = 1e-3) -> bool:

@@ -129,24 +129,17 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return dev
 
 
-def cpu_prefers_bf16() -> bool:
-    """Whether "auto" should pick bfloat16 on this CPU: when oneDNN has bf16 kernels for it.
-
-    That is AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT on x86 and the BF16 extension on Arm. Without
-    them PyTorch's fallback bf16 matmul is much slower than float32 for the multi-token forwards
-    that speculative decoding verifies with (5x at 64 tokens on an AVX2 CPU; see docs/dtype.md).
-    """
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # private API: be safe if it ever goes away
-        return False
-
-
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch.dtype:
     """Turn a dtype choice (:data:`DTYPE_CHOICES`, or a torch dtype) into a ``torch.dtype``.
 
-    ``"auto"``: bfloat16 on CUDA; float32 on MPS; on CPU bfloat16 only where oneDNN has bf16
-    kernels (:func:`cpu_prefers_bf16`), else float32 (see docs/dtype.md for the measurements).
+    ``"auto"``: bfloat16 on CUDA; float32 on a CPU and on MPS. On a CPU float32 keeps greedy
+    speculative decoding token-for-token equal to the baseline: in bfloat16 a forward over several
+    tokens rounds differently from one over a single token, and on the Spec-Bench questions 43 of
+    48 greedy draft-model outputs then differed from the baseline's (bfloat16 logits near 20 are
+    1/8 apart). With the packed float32 layers (:mod:`.cpu_linear`) float32 is about as fast:
+    on an AVX-512 BF16 EPYC one token of the default model took 39 ms in float32 and 37-40 ms in
+    bfloat16; without native bf16 kernels (AVX2) bfloat16 makes multi-token forwards 2-5x slower
+    (docs/dtype.md).
 
     Raises:
         ValueError: ``dtype`` is not one of the choices.
@@ -158,9 +151,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch
     if dtype != "auto":
         return getattr(torch, dtype)
     kind = (resolve_device(device) if str(device) == "auto" else torch.device(device)).type
-    if kind == "cuda" or (kind == "cpu" and cpu_prefers_bf16()):
-        return torch.bfloat16
-    return torch.float32
+    return torch.bfloat16 if kind == "cuda" else torch.float32
 
 
 def _convert_gguf(path: Path, progress: Progress | None, default: bool = False) -> Path:
