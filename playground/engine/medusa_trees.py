@@ -138,7 +138,7 @@ class TreeChoice:
     Attributes:
         choices: the paths (sorted by depth, then path); empty when no tree beats plain decoding.
         expected_tokens: expected tokens per step (bonus included).
-        relative_cost: cost of a step with this tree relative to a one-token step.
+        relative_cost: cost of a step with this tree relative to a plain decoding step.
         score: expected_tokens / relative_cost (expected speedup over autoregressive decoding).
         scores: score of the best tree of each size n = 0, 1, ... (for charts).
         fallback: no tree beat plain decoding, so the smallest tree ``[[0]]`` stands in.
@@ -157,7 +157,7 @@ class TreeChoice:
             return (f"{len(self.choices)} node: no tree is expected to beat plain decoding with these heads on "
                     "this device (their accuracy is too low for the cost of verifying)")
         return (f"{len(self.choices)} nodes, depth {depth}: expected {self.expected_tokens:.2f} tokens per step at "
-                f"{self.relative_cost:.2f}x the cost of a one-token step (expected speedup {self.score:.2f}x)")
+                f"{self.relative_cost:.2f}x the cost of a plain decoding step (expected speedup {self.score:.2f}x)")
 
 
 def choose_tree(rank_probs: list[list[float]], cost: Callable[[int], float], max_nodes: int = MAX_MEDUSA_TREE_NODES,
