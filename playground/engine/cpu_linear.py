@@ -103,6 +103,10 @@ class PackedLinear(_PrepackedLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (self._one_row_plain and x.numel() == self.in_features) or self._needs_autograd(x):
             return nn.functional.linear(x, self.weight, self.bias)
+        return self._packed_forward(x)
+
+    def _packed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """oneDNN's matmul on the packed weight (no autograd)."""
         bias = None if self.bias is None else self.bias.detach()
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [None], "")
 
@@ -159,11 +163,9 @@ def choose_one_row_paths(layers: list["PackedLinear"], rounds: int = 25) -> None
         if key not in _ONE_ROW_PLAIN:
             x = torch.randn(1, layer.in_features)
             plain = lambda: nn.functional.linear(x, layer.weight, layer.bias)  # noqa: E731
-            packed = lambda: PackedLinear.forward(layer, x)  # noqa: E731
-            layer._one_row_plain = False  # PackedLinear.forward then takes the packed path
             times: dict[str, list[float]] = {"plain": [], "packed": []}
             for i in range(rounds + 3):
-                for kind, call in (("plain", plain), ("packed", packed)):
+                for kind, call in (("plain", plain), ("packed", lambda: layer._packed_forward(x))):
                     t0 = time.perf_counter()
                     call()
                     if i >= 3:

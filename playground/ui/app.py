@@ -28,10 +28,11 @@ import gradio as gr
 from playground.engine.compare import BASELINE, METHODS, SOURCE_LABELS, Engine, MethodSpec, RunOutput, \
     check_lossless, is_lossless
 from playground.engine.decoding import GenerationSettings
-from playground.engine.limits import GENERATION_KNOBS, Knob
+from playground.engine.limits import GENERATION_KNOBS
 from playground.engine.sampling import SamplingConfig
 
 from . import advisor_tab, bench_tab, charts, insight, medusa_panel, render, theory_tab, worker
+from .knobs import knob_input
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,6 @@ CONCURRENT_RUNS = 2
 """Runs served at once (more wait in the queue)."""
 QUEUE_SIZE = 32
 """Runs allowed to wait in the queue before new ones are turned away."""
-NUMBER_BOX_RANGE = 10_000
-"""Knobs with a wider range than this get a number box instead of a slider (the seed)."""
 
 PAGE_CSS = """
 #status { min-height: 1.5em; }
@@ -315,21 +314,6 @@ def run_comparison(engine: Engine, *values, stream=None) -> Iterator[tuple]:
 
 
 # ----- the page ---------------------------------------------------------------------------
-def _knob_input(knob: Knob, elem_id: str, interactive: bool = True, value=None):
-    """The input of one knob, starting at ``value`` (None: the knob's default)."""
-    value = knob.default if value is None else value
-    if not hasattr(knob, "maximum"):  # a setting chosen by name (ChoiceKnob): a dropdown
-        return gr.Dropdown(list(knob.choices), value=value, label=knob.label, info=knob.info,
-                           elem_id=elem_id, interactive=interactive,
-                           allow_custom_value=getattr(knob, "parse", None) is not None)
-    if knob.maximum - knob.minimum > NUMBER_BOX_RANGE:
-        return gr.Number(value=value, minimum=knob.minimum, maximum=knob.maximum, precision=0,
-                         step=knob.step, label=knob.label, info=knob.info, elem_id=elem_id,
-                         interactive=interactive)
-    return gr.Slider(knob.minimum, knob.maximum, value=value, step=knob.step, label=knob.label,
-                     info=knob.info, elem_id=elem_id, interactive=interactive)
-
-
 def build_demo(engine: Engine) -> gr.Blocks:
     """Build the playground page for ``engine`` (launch it with ``**launch_options()``).
 
@@ -378,7 +362,7 @@ def build_demo(engine: Engine) -> gr.Blocks:
                                             elem_classes=["unavailable-reason"])
                             if info.knobs:
                                 with gr.Accordion(f"{info.label} settings", open=False):
-                                    knobs += [_knob_input(k, f"{m}-{k.name}", available[m],
+                                    knobs += [knob_input(k, f"{m}-{k.name}", available[m],
                                                           engine.knob_defaults(m).get(k.name)) for k in info.knobs]
                                     if m == "medusa":  # tree presets, custom tree editor, tree picture
                                         medusa_panel.build(engine, dict(zip([k.name for k in info.knobs],
@@ -387,7 +371,7 @@ def build_demo(engine: Engine) -> gr.Blocks:
                                         insight.lookahead_controls(dict(zip([k.name for k in info.knobs],
                                                                             knobs[-len(info.knobs):])))
                         with gr.Accordion("Generation settings", open=False):
-                            gen = [_knob_input(k, f"gen-{k.name}") for k in GENERATION_KNOBS]
+                            gen = [knob_input(k, f"gen-{k.name}") for k in GENERATION_KNOBS]
 
                 gr.HTML(render.legend_html(sources, SOURCE_LABELS), elem_id="legend")
                 panel_cols, panel_outputs = {}, []

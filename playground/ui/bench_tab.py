@@ -24,6 +24,7 @@ from playground.engine.compare import BASELINE, METHODS, MethodSpec
 from playground.engine.limits import Knob
 
 from . import charts, worker
+from .knobs import knob_input
 
 SETS = {"Spec-Bench dev (bundled)": "spec_bench", "HumanEval dev (bundled)": "humaneval"}
 UPLOAD = "Upload a JSONL file"
@@ -174,17 +175,6 @@ def run_benchmark(engine, set_name, upload, categories, methods, limit, max_new_
         yield warn(f"Unexpected error: {type(e).__name__}: {e}")
 
 
-def _knob_input(k, label: str, elem_id: str, interactive: bool, value=None):
-    """A slider for a numeric knob, a dropdown for a knob chosen by name (``ChoiceKnob``), starting at
-    ``value`` (None: the knob's default)."""
-    value = k.default if value is None else value
-    if not hasattr(k, "maximum"):
-        return gr.Dropdown(list(k.choices), value=value, label=label, info=k.info, elem_id=elem_id,
-                           allow_custom_value=getattr(k, "parse", None) is not None, interactive=interactive)
-    return gr.Slider(k.minimum, k.maximum, value=value, step=k.step, label=label, info=k.info,
-                     elem_id=elem_id, interactive=interactive)
-
-
 def build(engine) -> None:
     """Lay the tab out: question set, categories, methods and knobs, limit and max new tokens,
     Run (``#bench-run``) / Stop (``#bench-stop``), progress (``#bench-progress``), the leaderboard
@@ -217,8 +207,9 @@ def build(engine) -> None:
             knob_inputs = []
             with gr.Accordion("Method settings", open=False):
                 for m, k in knob_keys():
-                    knob_inputs.append(_knob_input(k, f"{METHODS[m].label}: {k.label}", f"bench-{m}-{k.name}",
-                                                   m in available, engine.knob_defaults(m).get(k.name)))
+                    knob_inputs.append(knob_input(k, f"bench-{m}-{k.name}", m in available,
+                                                  engine.knob_defaults(m).get(k.name),
+                                                  label=f"{METHODS[m].label}: {k.label}"))
             with gr.Row():
                 run_btn = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="bench-stop")
