@@ -116,3 +116,53 @@ def test_command_line_trains_and_saves(tmp_path, monkeypatch):
     assert len(config["top_k_accuracy"]) == 3 and len(config["top_k_accuracy"][0]) == 10
     heads = load_heads(out, FakeLoaded(model))
     assert heads.share_lm_head and heads.num_heads == 3 and heads.top_k_accuracy is not None
+
+
+def test_warm_start_keeps_the_heads_and_adds_identity_blocks():
+    """Heads warm-started from trained ones, with one more block per head and one more head,
+    compute exactly what the trained heads did (the extra block is the identity; the extra head is
+    an identity head); mismatches are refused."""
+    from playground.training.medusa import warm_start
+
+    torch.manual_seed(0)
+    model = tiny_llama(0).requires_grad_(False)
+    init = MedusaHeads(32, 64, 2, 1).attach_lm_head(model.get_output_embeddings())
+    with torch.no_grad():
+        for p in init.parameters():
+            p.normal_(0, 0.3)
+    heads = warm_start(MedusaHeads(32, 64, 3, 2).attach_lm_head(model.get_output_embeddings()), init)
+    hidden = torch.randn(5, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(heads(hidden)[:, :2], init(hidden), rtol=0, atol=0)
+        torch.testing.assert_close(heads(hidden)[:, 2], model.get_output_embeddings()(hidden))
+    with pytest.raises(ValueError, match="cannot hold them"):
+        warm_start(MedusaHeads(32, 64, 1, 1), init)
+    with pytest.raises(ValueError, match="hidden size 32"):
+        warm_start(MedusaHeads(16, 64, 2, 1), init)
+    with pytest.raises(ValueError, match="agree on sharing"):
+        warm_start(MedusaHeads(32, 64, 2, 1, share_lm_head=False), init)
+
+
+def test_command_line_init_fine_tunes_saved_heads(tmp_path, monkeypatch):
+    """``--init`` starts from saved heads: before training the held-out accuracy is theirs, the
+    result is deeper when ``--layers`` says so, and a bad ``--init`` exits with a message."""
+    from playground.training import medusa as trainer
+
+    model = tiny_llama(0)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _greedy_records(model, 8, 20, seed=2)))
+
+    class _Loaded(FakeLoaded):
+        spec = "tiny"
+        device = torch.device("cpu")
+
+    monkeypatch.setattr("playground.engine.models.load_model", lambda *a, **k: _Loaded(model))
+    common = ["--data", str(data), "--heads", "2", "--batch-size", "16", "--no-progress"]
+    assert trainer.main(common + ["--out", str(tmp_path / "a"), "--max-steps", "20", "--lr", "1e-2"]) == 0
+    assert trainer.main(common + ["--out", str(tmp_path / "b"), "--max-steps", "5", "--layers", "2",
+                                  "--init", str(tmp_path / "a")]) == 0
+    config = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert config["medusa_num_layers"] == 2
+    assert set(json.loads((tmp_path / "a" / "config.json").read_text())["proposal_vocab"]) <= set(config["proposal_vocab"])
+    assert trainer.main(common + ["--out", str(tmp_path / "c"), "--max-steps", "1", "--heads", "1",
+                                  "--init", str(tmp_path / "a")]) == 2

@@ -275,6 +275,34 @@ def train_heads(heads: MedusaHeads, features: Features, *, epochs: float = 1.0, 
     return history
 
 
+@torch.no_grad()
+def warm_start(heads: MedusaHeads, init: MedusaHeads) -> MedusaHeads:
+    """Copy ``init``'s residual blocks into ``heads`` (fine-tuning trained heads, possibly deeper or more of them).
+
+    Head k's block l takes ``init``'s for every k < ``init.num_heads`` and l < ``init.num_layers``;
+    the blocks after them keep their zero initialisation, so they start as the identity and the
+    warm-started heads compute exactly what ``init``'s did (extra heads start as identity heads).
+
+    Raises:
+        ValueError: different hidden sizes, one side with per-head projections, or ``init`` with
+            more heads or blocks than ``heads``.
+    """
+    if init.hidden_size != heads.hidden_size:
+        raise ValueError(f"the heads to start from have hidden size {init.hidden_size}, the target {heads.hidden_size}")
+    if init.share_lm_head != heads.share_lm_head:
+        raise ValueError("the heads to start from and the heads to train must agree on sharing the target's lm_head "
+                         f"(--share-lm-head: {heads.share_lm_head}, theirs: {init.share_lm_head})")
+    if init.num_heads > heads.num_heads or init.num_layers > heads.num_layers:
+        raise ValueError(f"the heads to start from have {init.num_heads} heads of {init.num_layers} blocks; "
+                         f"--heads {heads.num_heads} --layers {heads.num_layers} cannot hold them")
+    for k in range(init.num_heads):
+        for layer in range(init.num_layers):
+            heads.heads[k][layer].load_state_dict(init.heads[k][layer].state_dict())
+        if not init.share_lm_head:
+            heads.heads[k][-1].load_state_dict(init.heads[k][-1].state_dict())
+    return heads
+
+
 class _PlainBar:
     def __init__(self, total: int, desc: str):
         self.total, self.desc, self.n, self.post, self.last = total, desc, 0, "", 0.0
@@ -342,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="auto", help="target dtype (auto, float32, bfloat16, float16)")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     ap.add_argument("--format", choices=("safetensors", "pt"), default="safetensors")
+    ap.add_argument("--init", help="start from these heads (folder or hub id, as --medusa) instead of identity "
+                                   "heads; --heads and --layers may exceed theirs (the extra heads and blocks "
+                                   "start as the identity)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true")
     return ap
@@ -387,6 +418,18 @@ def main(argv: list[str] | None = None) -> int:
 
     heads = MedusaHeads(int(config.hidden_size), int(config.vocab_size), args.heads, args.layers,
                         share_lm_head=args.share_lm_head, base_model_name_or_path=target.spec)
+    init_vocab = None
+    if args.init:
+        from playground.engine.medusa import MedusaLoadError, load_heads
+
+        try:
+            init = load_heads(args.init)
+            warm_start(heads, init)
+        except (MedusaLoadError, ValueError) as e:
+            print(f"error: --init {args.init!r}: {e}", file=sys.stderr)
+            return 2
+        init_vocab = init.proposal_vocab
+        print(f"starting from {args.init} ({init.num_heads} heads of {init.num_layers} blocks)", file=sys.stderr)
     if args.share_lm_head:
         heads.attach_lm_head(model.get_output_embeddings())
     else:  # start each projection from the target's own (the reference does the same)
@@ -402,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.label_vocab and args.share_lm_head:
         # Propose from the tokens the heads learned to rank (a cheaper head at decoding time);
         # the accuracy below is measured the same way.
-        heads.set_proposal_vocab(torch.unique(train.labels[train.labels != IGNORE]))
+        learned = train.labels[train.labels != IGNORE]
+        heads.set_proposal_vocab(learned if init_vocab is None else torch.cat([learned, init_vocab.to(learned)]))
         print(f"the heads propose from the {len(heads.proposal_vocab)} tokens that occur as labels "
               f"(of {heads.vocab_size})")
     acc, loss = evaluate(heads, held)
@@ -412,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     last = sum(history[-10:]) / max(1, len(history[-10:]))
     print(f"\ntrained {len(history)} steps of {args.batch_size} positions in {t_train:.0f} s "
           f"({len(history) * args.batch_size / max(t_train, 1e-9):.0f} positions/s); loss {first:.3f} -> {last:.3f}")
-    print("held-out accuracy before training (identity heads): top-1 " +
+    print(f"held-out accuracy before training ({'--init heads' if args.init else 'identity heads'}): top-1 " +
           ", ".join(f"{row[0]:.1%}" for row in before))
     print(format_accuracy(acc))
     print("held-out loss per head: " + ", ".join(f"{x:.3f}" for x in loss))
