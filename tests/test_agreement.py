@@ -85,8 +85,10 @@ def test_head_accuracy_matches_the_calibration_measurement(engine):
     for event in engine.run_one(prompt, MethodSpec("autoregressive"), GenerationSettings(max_new_tokens=24)):
         tokens += event.tokens
     assert len(tokens) == 24, "the answer ended early; pick a longer-winded prompt"
-    hits = agreement.head_hits(engine.target.model, engine.medusa, agreement.TeacherSequence("x", 0, prompt, tokens),
-                               engine.target_lm.vocab_size)
+    cands = agreement.head_candidates(engine.target.model, engine.medusa,
+                                      agreement.TeacherSequence("x", 0, prompt, tokens), engine.target_lm.vocab_size, 3)
+    assert cands.shape == (24, engine.medusa.num_heads, 3)
+    hits = agreement.head_hits(cands, tokens)
     assert [tot for _, tot in hits] == [24 - k - 1 for k in range(engine.medusa.num_heads)]
     for k, (hit, tot) in enumerate(hits):
         assert hit / tot == pytest.approx(expected[k][0], abs=1.01 / tot), k
@@ -100,7 +102,33 @@ def test_command_line_prints_the_table(results, capsys):
     lines = out.splitlines()
     assert lines[1].split() == ["category", "turn", "tokens", "draft", "head", "1", "head", "2", "head", "3",
                                 "head", "4"]
-    assert [ln.split()[:3] for ln in lines[2:]] == [["writing", "0", "16"], ["writing", "1", "16"], ["all", "0", "16"],
-                                                    ["all", "1", "16"], ["all", "all", "32"]]
-    assert all(ln.split()[3].endswith("%") for ln in lines[2:])
+    assert [ln.split()[:3] for ln in lines[2:7]] == [["writing", "0", "16"], ["writing", "1", "16"],
+                                                     ["all", "0", "16"], ["all", "1", "16"], ["all", "all", "32"]]
+    assert all(ln.split()[3].endswith("%") for ln in lines[2:7])
+    # Then the teacher-forced tau of the auto tree's first n nodes, n = 1, 2, 4, ... 64.
+    assert lines[7].startswith("nodes  depth  tau")
+    rows = [ln.split() for ln in lines[8:]]
+    assert [int(r[0]) for r in rows] == [1, 2, 4, 7, 11, 15, 23, 31, 64]
+    assert all(1.0 <= float(r[2]) <= 5.0 and 1.0 <= float(r[3]) for r in rows)
     assert agreement.main(["--results", str(folder / "missing.jsonl"), "--questions", str(folder / "q.jsonl")]) == 2
+
+
+def test_tree_walk_is_what_greedy_medusa_decoding_accepts(engine):
+    """The teacher-forced walk over the baseline's answer accepts, step by step, what greedy
+    Medusa decoding with the same tree accepted (one near-tie step allowed)."""
+    from playground.engine.limits import MEDUSA_TOP_K
+    from playground.engine.medusa_trees import greedy_tree, rank_probs_from_accuracy
+
+    paths = [p for p, _ in greedy_tree(rank_probs_from_accuracy(engine.medusa.top_k_accuracy), 7)]
+    prompt = engine.encode_prompt("Explain how a bicycle stays upright.")
+    events = list(engine.run_one(prompt, MethodSpec("medusa", {"tree_choices": json.dumps(paths)}),
+                                 GenerationSettings(max_new_tokens=48)))
+    tokens = [t for e in events for t in e.tokens]
+    cands = agreement.head_candidates(engine.target.model, engine.medusa,
+                                      agreement.TeacherSequence("x", 0, prompt, tokens), engine.target_lm.vocab_size,
+                                      MEDUSA_TOP_K)
+    walk = agreement.tree_accepts(tokens, cands, paths)
+    decoded = [e.accepted for e in events[1:]]
+    assert sum(walk) > 0 and len(walk) == len(tokens) - sum(walk)
+    differ = sum(a != b for a, b in zip(walk, decoded)) + abs(len(walk) - 1 - len(decoded))
+    assert differ <= 1, (walk, decoded)

@@ -11,7 +11,14 @@ forcing) and counts, at every answer position:
   per-token acceptance alpha that the expected tokens per step (1 - alpha^(K+1)) / (1 - alpha)
   of Leviathan et al. 2023 assumes;
 * **head k top-1**: Medusa head k's argmax at position t equals the token at t + k + 2
-  (unconditional: whether the heads before it were right is not asked).
+  (unconditional: whether the heads before it were right is not asked);
+* **tree tau**: the tokens per step that greedy Medusa decoding with a tree of n nodes would
+  make on these answers. Greedy verification accepts exactly the baseline's tokens, so a step
+  from answer position i accepts the base model's token plus the longest tree path whose
+  head-k candidates equal the baseline's next tokens; the walk then jumps past them. The trees
+  are the first n nodes that the ``auto`` tree grows from the heads' recorded accuracy
+  (:func:`~playground.engine.medusa_trees.greedy_tree`), so this is the tau a timed benchmark
+  would measure for each size (up to float rounding between a tree pass and a one-token pass).
 
 No timing is involved, so it runs on a busy machine and in seconds per question; it tells
 whether a newly trained draft or set of heads predicts the benchmark's tokens better before a
@@ -101,22 +108,55 @@ def draft_hits(draft_model, token_map, seq: TeacherSequence) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def head_hits(target_model, heads, seq: TeacherSequence, vocab_size: int) -> list[tuple[int, int]]:
-    """Per Medusa head k (0-based): (positions where its top-1 is the token k + 2 ahead, positions counted).
-
-    One target forward over prompt + answer gives the last hidden states at the answer positions;
-    the positions counted are those whose token k + 2 ahead is inside the answer.
-    """
+def head_candidates(target_model, heads, seq: TeacherSequence, vocab_size: int, top_k: int) -> torch.Tensor:
+    """``(len(answer_ids), num_heads, top_k)``: each head's top-k tokens at every answer position
+    (state i: the one after answer token i - 1, from which the base model predicts answer token i)."""
     ids = torch.tensor(seq.prompt_ids + seq.answer_ids, dtype=torch.long)
     device = next(target_model.parameters()).device
     hidden = target_model(input_ids=ids[None].to(device), output_hidden_states=True).hidden_states[-1][0]
     p, n = len(seq.prompt_ids), len(seq.answer_ids)
-    states = hidden[p - 1:p - 1 + n]  # state i predicts answer token i (target's head), i + k + 1 (head k)
-    top = heads.top_tokens(states, heads.num_heads, 1, vocab_size)[..., 0].cpu()  # (n, num_heads)
+    return heads.top_tokens(hidden[p - 1:p - 1 + n], heads.num_heads, top_k, vocab_size).cpu()
+
+
+def head_hits(candidates: torch.Tensor, answer_ids: list[int]) -> list[tuple[int, int]]:
+    """Per Medusa head k (0-based): (positions where its top-1 is the token k + 2 ahead, positions
+    counted), from :func:`head_candidates`; the positions counted are those whose token k + 2
+    ahead is inside the answer."""
+    n, ids = len(answer_ids), torch.tensor(answer_ids, dtype=torch.long)
     out = []
-    for k in range(heads.num_heads):
+    for k in range(candidates.shape[1]):
         m = max(n - k - 1, 0)
-        out.append((int((top[:m, k] == ids[p + k + 1:p + n]).sum()), m))
+        out.append((int((candidates[:m, k, 0] == ids[k + 1:]).sum()), m))
+    return out
+
+
+def tree_accepts(answer_ids: list[int], candidates: torch.Tensor, paths: list[list[int]]) -> list[int]:
+    """Candidates accepted at each step of greedy Medusa decoding of ``answer_ids`` with the tree ``paths``.
+
+    Args:
+        answer_ids: the baseline's answer (what greedy verification accepts).
+        candidates: ``(len(answer_ids), num_heads, top_k)`` from :func:`head_candidates`.
+        paths: the tree's nodes as index paths (a node's prefix paths are in the tree too).
+
+    Returns:
+        One entry per base-model token (the prefill's, then each step's bonus token): how many
+        head candidates the step after it accepts, the longest path whose candidate at depth d
+        equals answer token i + 1 + d when the base token is answer token i. Its length is the
+        number of target passes; ``len(answer_ids) / len(result)`` is tau.
+    """
+    n, i, out = len(answer_ids), 0, []
+    by_depth = sorted(paths, key=len)
+    while i < n:
+        accepted: set[tuple[int, ...]] = {()}
+        best = 0
+        for path in by_depth:
+            d = len(path) - 1
+            if (tuple(path[:-1]) in accepted and i + 1 + d < n and d < candidates.shape[1]
+                    and path[-1] < candidates.shape[2] and int(candidates[i, d, path[-1]]) == answer_ids[i + 1 + d]):
+                accepted.add(tuple(path))
+                best = max(best, d + 1)
+        out.append(best)
+        i += 1 + best
     return out
 
 
@@ -153,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--target", default="default")
     ap.add_argument("--draft", help="draft model (default: the shipped draft of the default target)")
     ap.add_argument("--medusa", help="Medusa heads (default: the shipped heads of the default target)")
+    ap.add_argument("--tree-sizes", default="1,2,4,7,11,15,23,31,64",
+                    help="tree sizes (nodes) whose teacher-forced tau to print, Medusa only ('' for none)")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     return ap
 
@@ -181,13 +223,40 @@ def main(argv: list[str] | None = None) -> int:
     if engine.draft is not None:
         draft_counts = [int(draft_hits(engine.draft.model, getattr(engine.draft, "token_map", None), s).sum())
                         for s in seqs]
+    cands = []
     if engine.medusa is not None:
-        head_counts = [head_hits(engine.target.model, engine.medusa, s, engine.target_lm.vocab_size) for s in seqs]
+        from playground.engine.limits import MEDUSA_TOP_K
+
+        cands = [head_candidates(engine.target.model, engine.medusa, s, engine.target_lm.vocab_size, MEDUSA_TOP_K)
+                 for s in seqs]
+        head_counts = [head_hits(c, s.answer_ids) for s, c in zip(seqs, cands)]
     print(f"teacher-forced on {len(seqs)} baseline answers ({sum(len(s.answer_ids) for s in seqs)} tokens) of "
           f"{args.results}; draft: {engine.draft.name if engine.draft else 'none'}; heads: "
           f"{'loaded' if engine.medusa is not None else 'none'}")
     print(agreement_table(seqs, draft_counts, head_counts))
+    sizes = [int(x) for x in args.tree_sizes.split(",") if x.strip()]
+    if engine.medusa is not None and sizes:
+        print(tree_tau_table(engine.medusa, seqs, cands, sizes))
     return 0
+
+
+def tree_tau_table(heads, seqs: list[TeacherSequence], cands: list[torch.Tensor], sizes: list[int]) -> str:
+    """Teacher-forced tau per tree size (:func:`tree_accepts`, candidates from :func:`head_candidates`)
+    for the first n nodes of the tree that ``auto`` grows from the heads' recorded accuracy."""
+    from playground.engine.medusa_trees import expected_tokens, greedy_tree, rank_probs_from_accuracy
+
+    if heads.top_k_accuracy is None:
+        return "tree tau: the heads record no accuracy to grow a tree from"
+    rank_probs = rank_probs_from_accuracy(heads.top_k_accuracy)
+    grown = [path for path, _ in greedy_tree(rank_probs, max(sizes))]
+    tokens = sum(len(s.answer_ids) for s in seqs)
+    lines = ["nodes  depth  tau (teacher-forced)  expected from recorded accuracy"]
+    for n in sizes:
+        paths = grown[:n]
+        steps = sum(len(tree_accepts(s.answer_ids, c, paths)) for s, c in zip(seqs, cands))
+        lines.append(f"{len(paths):>5}  {max(len(p) for p in paths):>5}  {tokens / steps:>20.2f}  "
+                     f"{expected_tokens(paths, rank_probs):>10.2f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
