@@ -82,7 +82,7 @@ def test_presets_are_valid_trees():
 @pytest.mark.parametrize("value, message", [
     ("[[0], [0, 0", r"not valid JSON: Expecting"),
     ('{"a": 1}', r"must be a list of paths .* got dict"),
-    ("[]", r"tree_choices is empty"),
+    ("[]", r"the tree is empty"),
     ("[[0], 3]", r"path 1 \(3\) must be a non-empty list of integers"),
     ("[[0], [-1]]", r"path \[-1\] has a negative index"),
     ("[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]", r"path \[0, 0, 0, 0\] has depth 4, beyond the 3 Medusa heads"),
@@ -363,6 +363,10 @@ def test_engine_medusa_method(sweep):
         events = list(engine.run_one(prompt, MethodSpec("medusa", {"tree_choices": tree}), settings))
         assert output_ids(events) == baseline, tree
     assert "auto:" in engine.medusa_tree_description("auto")
+    # A custom tree as the page sends it (JSON text) or as a list; presets by name.
+    assert engine.medusa_tree_description("[[0], [1], [0, 0], [0, 1]]") == "custom: 4 nodes, depth 2"
+    assert engine.medusa_tree_description([[0]]) == "custom: 1 node, depth 1"
+    assert engine.medusa_tree_description("depth3") == "depth3: 4 nodes, depth 3"
     with pytest.raises(ValueError, match="beyond the 3 Medusa heads"):
         engine.make_drafter(MethodSpec("medusa", {"tree_choices": "[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]"}))
     rates = head_acceptance(events[-1].stats.as_dict())

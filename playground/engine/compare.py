@@ -26,6 +26,7 @@ from .lookahead import LookaheadDrafter
 from .medusa import MedusaDraftDrafter, MedusaDrafter, head_source
 from .medusa_trees import AUTO, TREE_KNOB, TREE_PRESETS, TreeChoice, auto_tree, preset_choices
 from .prompt_lookup import PromptLookupDrafter
+from .tree import parse_tree_choices
 from .target import CausalLM
 
 BASELINE = "autoregressive"
@@ -302,17 +303,22 @@ class Engine:
             return self.medusa_auto_tree()[0].choices
         if isinstance(value, str) and value in TREE_PRESETS:
             return preset_choices(value, self.medusa.num_heads)
-        return value
+        return [list(p) for p in parse_tree_choices(value, num_heads=self.medusa.num_heads)]
 
     def medusa_tree_description(self, value) -> str:
-        """One line saying which tree ``value`` means here (for the UI and the benchmark)."""
+        """One line saying which tree ``value`` (a preset name, a JSON string or a list of paths)
+        means here, for the UI and the benchmark.
+
+        Raises:
+            ValueError / TreeChoicesError: Medusa unavailable, or a malformed tree.
+        """
         if value == AUTO:
             choice, info = self.medusa_auto_tree()
-            return f"auto: {choice.describe()}; head accuracy {info['accuracy_source']}"
+            return f"auto: {choice.describe()}; head accuracy: {info['accuracy_source']}"
         paths = self.medusa_tree(value)
         depth = max(len(p) for p in paths)
-        name = value if isinstance(value, str) else "custom"
-        return f"{name}: {len(paths)} nodes, depth {depth}"
+        name = value if isinstance(value, str) and value in TREE_PRESETS else "custom"
+        return f"{name}: {len(paths)} {'node' if len(paths) == 1 else 'nodes'}, depth {depth}"
 
     def available_methods(self) -> list[str]:
         return [m for m in METHODS if self.unavailable_reason(m) is None]

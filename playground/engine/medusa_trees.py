@@ -52,7 +52,7 @@ tree. Paths deeper than the loaded heads are dropped from a preset (never from a
 
 TREE_DESCRIPTIONS = {
     AUTO: "chosen for this device from the measured cost of verifying n tokens and the heads' accuracy",
-    "depth3": "the seed's example: 4 nodes, depth 3",
+    "depth3": "a small example: 4 nodes, depth 3 (the top-1 chain plus head 2's second choice)",
     "chain": "each head's top-1 token: a chain, one node per head",
     "cpu_small": "9 nodes, depth 4: small enough for a CPU",
     "mc_sim_7b_63": "the reference's 63-node tree (tuned for Vicuna-7B on an A100 GPU)",
@@ -156,7 +156,8 @@ class TreeChoice:
         if self.fallback:
             return (f"{len(self.choices)} node: no tree is expected to beat plain decoding with these heads on "
                     "this device (their accuracy is too low for the cost of verifying)")
-        return (f"{len(self.choices)} nodes, depth {depth}: expected {self.expected_tokens:.2f} tokens per step at "
+        nodes = f"{len(self.choices)} {'node' if len(self.choices) == 1 else 'nodes'}"
+        return (f"{nodes}, depth {depth}: expected {self.expected_tokens:.2f} tokens per step at "
                 f"{self.relative_cost:.2f}x the cost of a plain decoding step (expected speedup {self.score:.2f}x)")
 
 
@@ -316,7 +317,7 @@ def auto_tree(target: CausalLM, heads, calibration_ids: list[int], max_nodes: in
         raise ValueError("auto tree: a calibration prompt is needed to time decoding steps")
     t0 = time.perf_counter()
     if heads.top_k_accuracy is not None:
-        accuracy, source = heads.top_k_accuracy, "held-out accuracy recorded at training"
+        accuracy, source = heads.top_k_accuracy, "recorded at training on a held-out split"
     else:
         accuracy, source = measure_head_accuracy(target, heads, calibration_ids), "measured on a calibration prompt"
     rank_probs = rank_probs_from_accuracy(accuracy)

@@ -258,17 +258,16 @@ def parse_tree_choices(value, num_heads: int | None = None, top_k: int | None = 
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
-            raise TreeChoicesError(f"tree_choices is not valid JSON: {e.msg} at line {e.lineno}, "
+            raise TreeChoicesError(f"the tree is not valid JSON: {e.msg} at line {e.lineno}, "
                                    f"column {e.colno}") from None
     # 2. Shape: a non-empty list of non-empty lists of integers.
     if not isinstance(value, (list, tuple)):
-        raise TreeChoicesError(f"tree_choices must be a list of paths such as [[0], [0, 0], [1]], "
+        raise TreeChoicesError(f"a tree must be a list of paths such as [[0], [0, 0], [1]], "
                                f"got {type(value).__name__}")
     if not value:
-        raise TreeChoicesError("tree_choices is empty: give at least one path, e.g. [[0]]")
+        raise TreeChoicesError("the tree is empty: give at least one path, e.g. [[0]]")
     if len(value) > max_nodes:
-        raise TreeChoicesError(f"tree_choices has {len(value)} paths; at most {max_nodes} are allowed "
-                               "(MAX_MEDUSA_TREE_NODES)")
+        raise TreeChoicesError(f"the tree has {len(value)} paths; at most {max_nodes} are allowed")
     paths: list[tuple[int, ...]] = []
     for n, path in enumerate(value):
         if not isinstance(path, (list, tuple)) or not path or \
@@ -281,7 +280,7 @@ def parse_tree_choices(value, num_heads: int | None = None, top_k: int | None = 
                                    "(0 = the head's most likely token)")
         if max(path) >= top_k:
             raise TreeChoicesError(f"path {list(path)} has index {max(path)}, beyond the heads' top-{top_k}: "
-                                   f"indices must be in [0, {top_k - 1}] (MEDUSA_TOP_K)")
+                                   f"indices must be in [0, {top_k - 1}]")
         if num_heads is not None and len(path) > num_heads:
             raise TreeChoicesError(f"path {list(path)} has depth {len(path)}, beyond the {num_heads} Medusa "
                                    f"heads loaded: depth must be in [1, {num_heads}]")
@@ -290,7 +289,7 @@ def parse_tree_choices(value, num_heads: int | None = None, top_k: int | None = 
     seen: set[tuple[int, ...]] = set()
     for path in paths:
         if path in seen:
-            raise TreeChoicesError(f"path {list(path)} appears twice in tree_choices")
+            raise TreeChoicesError(f"path {list(path)} appears twice in the tree")
         seen.add(path)
     for path in paths:
         if len(path) > 1 and path[:-1] not in seen:

@@ -75,7 +75,7 @@ def tree_svg(choices) -> str:
     legend = " ".join(f'<span style="display:inline-block;width:10px;height:10px;border-radius:5px;'
                       f'background:{render.source_color(head_source(k))};border:1px solid #374151"></span> head {k}'
                       for k in range(1, b.max_depth + 1))
-    return (f'<div class="medusa-tree"><div style="font-size:0.85em">{len(b)} nodes, depth {b.max_depth}; '
+    return (f'<div class="medusa-tree"><div style="font-size:0.85em">{len(b)} node{"" if len(b) == 1 else "s"}, depth {b.max_depth}; '
             f'row d = head d, the number = its top-k index. {legend}</div>'
             f'<div style="overflow-x:auto"><svg width="{width:.0f}" height="{height:.0f}" '
             f'xmlns="http://www.w3.org/2000/svg">{"".join(parts)}</svg></div></div>')
@@ -125,7 +125,7 @@ def check_custom(engine, text: str):
         return gr.skip(), gr.skip(), f"⚠️ {html.escape(str(e))}"
     value = json.dumps(paths)
     return (gr.update(value=value), tree_svg(paths),
-            f"Tree in use: custom, {len(paths)} nodes, depth {max(len(p) for p in paths)} (valid)")
+            f"Tree in use: custom, {len(paths)} node{'' if len(paths) == 1 else 's'}, depth {max(len(p) for p in paths)} (valid)")
 
 
 def build(engine, knobs: dict) -> None:
