@@ -571,8 +571,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "prompt), or a built-in set: spec_bench, humaneval (default: spec_bench)")
     g.add_argument("--methods", default="autoregressive,prompt_lookup",
                    help="comma-separated methods; autoregressive (the baseline) always runs first")
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--out", default="results.jsonl", help="results file, one JSON object a line (overwritten)")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per turn (default 128)")
+    g.add_argument("--out", default="results.jsonl",
+                   help="results file, one JSON object a line (overwritten; default results.jsonl)")
     g.add_argument("--limit", type=int, help="keep only the first N questions (after --categories)")
     g.add_argument("--categories", help="comma-separated categories to keep, e.g. qa,rag")
     g.add_argument("--warmup", type=int, default=1, help="untimed short warm-up rounds of every method (default 1)")
@@ -644,6 +645,33 @@ def _parse_tree(text: str | None):
         return json.loads(text) if text.strip().startswith("[") else text
     except json.JSONDecodeError as e:
         raise BenchError(f"--tree: not valid JSON ({e.msg})") from None
+
+
+def _cpu_times() -> tuple[float, float] | None:
+    """(busy, total) CPU time of the whole machine in clock ticks, from Linux's /proc/stat; None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 5:
+        return None
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def other_cpu_load(seconds: float = 0.5) -> float | None:
+    """Cores kept busy by other processes, measured over ``seconds`` while this one sleeps (Linux); None
+    where it cannot be measured. A benchmark's threads compete with them, and on a CPU a thread that
+    loses its core stalls the others at every synchronisation, so timings become slow and noisy."""
+    first = _cpu_times()
+    if first is None:
+        return None
+    time.sleep(seconds)
+    second = _cpu_times()
+    if second is None or second[1] <= first[1]:
+        return None
+    return (second[0] - first[0]) / (second[1] - first[1]) * (os.cpu_count() or 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -721,6 +749,13 @@ def _main(args: argparse.Namespace) -> int:
           f"{len(questions)} questions, {turns} turns, methods {', '.join(methods)}, "
           f"max_new_tokens {settings.max_new_tokens}, temperature {settings.sampling.temperature}",
           file=sys.stderr, flush=True)
+
+    busy = other_cpu_load()
+    if busy is not None and busy >= 0.5 and torch.get_num_threads() > max(1, (os.cpu_count() or 1) - busy):
+        print(f"warning: other processes keep about {busy:.1f} of this machine's {os.cpu_count()} cores busy; with "
+              f"{torch.get_num_threads()} threads every method runs much slower and the timings are noisy. Run "
+              f"on a quiet machine, or pass --threads {max(1, int((os.cpu_count() or 1) - busy))}.",
+              file=sys.stderr, flush=True)
 
     # 3. Warm-up, then the timed runs, one flushed line per run.
     t0 = time.perf_counter()

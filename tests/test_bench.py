@@ -233,3 +233,13 @@ def test_end_to_end_on_the_default_model(tmp_path, capsys):
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.strip().splitlines()[-1].startswith("OK")
+
+
+def test_other_cpu_load_from_proc_stat(monkeypatch):
+    """Busy cores = busy ticks / all ticks over the interval x cores; None where /proc/stat is unreadable."""
+    samples = iter([(100.0, 1000.0), (175.0, 1100.0)])  # 75 of 100 ticks busy
+    monkeypatch.setattr(bench, "_cpu_times", lambda: next(samples))
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
+    assert bench.other_cpu_load(0.0) == pytest.approx(1.5)
+    monkeypatch.setattr(bench, "_cpu_times", lambda: None)
+    assert bench.other_cpu_load(0.0) is None
