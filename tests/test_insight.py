@@ -186,12 +186,120 @@ def test_measurements_here_disagree_on_cpu():
 
 
 def test_bad_situation_is_a_clear_error():
-    with pytest.raises(ValueError, match="target size must be > 0"):
+    with pytest.raises(ValueError, match="target size must be > 0 and at most 10000"):
         presets.advise(presets.Situation(0))
+    with pytest.raises(ValueError, match="target size must be > 0"):
+        presets.advise(presets.Situation(-5))
     with pytest.raises(ValueError, match="draft must be smaller"):
         presets.advise(presets.Situation(7, 13))
     with pytest.raises(ValueError, match="task must be one of"):
         presets.advise(presets.Situation(7, task="poetry"))
+
+
+def test_loaded_draft_wins_over_the_size_rules():
+    """A target with a loaded draft of its tokenizer (the embedded default with its shipped distilled draft)
+    gets the draft model with the draft's own K, as the README measured (1.28x on the AVX-512 machine), not
+    Lookahead; with Medusa heads loaded too, both are compared, and on an AVX2-only CPU Medusa leads (1.18x
+    against 1.07x there). Heads alone mean Medusa without training."""
+    default = dict(target_b=0.135, draft_b=0.00747, device="cpu", draft_loaded=True, draft_k=2)
+    adv = presets.advise(presets.Situation(**default))
+    assert adv.primary == "draft_model" and "loaded_draft" in adv.rule_ids()
+    assert "target_too_small" not in adv.rule_ids() and adv.params["draft_model"] == {"k": 2}
+    adv = presets.advise(presets.Situation(**default, medusa_loaded=True, cpu_isa="avx512"))
+    assert adv.primary == "draft_model" and adv.methods == ["autoregressive", "draft_model", "medusa"]
+    adv = presets.advise(presets.Situation(**default, medusa_loaded=True, cpu_isa="avx2"))
+    assert adv.primary == "medusa" and "draft_model" in adv.methods
+    adv = presets.advise(presets.Situation(0.135, None, medusa_loaded=True))
+    assert adv.primary == "medusa" and "loaded_medusa" in adv.rule_ids()
+    assert presets.advise(presets.Situation(**{**default, "appetite": "aggressive"})).params["draft_model"] == {"k": 8}
+
+
+def test_cpu_notes_quote_the_readme_and_name_the_machine():
+    """The default model's notes quote the README's current Spec-Bench figures with the machine they were
+    measured on; nothing from the development machine is called "measured here"; a measured verify cost of
+    this device is quoted as such."""
+    adv = presets.advise(presets.Situation(0.135, 0.00747, device="cpu", draft_loaded=True, draft_k=2))
+    notes = " ".join(adv.measured_notes)
+    for figure in ("1.28x (tau 1.42, alpha 0.215)", "1.26x (tau 1.64", "1.07x (K = 3", "Medusa 1.18x", "AVX-512",
+                   "development machine"):
+        assert figure in notes, figure
+    assert "0.93x" not in notes and "1.06x" not in notes
+    for s in (presets.Situation(0.135, device="cpu"), presets.Situation(7, device="cpu"),
+              presets.Situation(70, 7, device="cpu")):
+        assert not any("Measured here" in n for n in presets.advise(s).measured_notes)
+    cost = theory.VerifyCost({1: 1.0, 9: 1.5, 17: 2.0}, {1: 0.05}, source="measured on this device (cpu)")
+    notes = presets.advise(presets.Situation(7, device="cpu"), verify_cost=cost).measured_notes
+    assert "Measured on this device" in notes[0] and "1.50x" in notes[0]
+
+
+def test_rule_sources_cite_real_sources():
+    """No internal jargon ("the seed") in the rules or the advisor's documentation: each rule cites a paper
+    or the project's own guidance or measurements."""
+    import inspect
+
+    for rule in presets.RULES.values():
+        assert "seed" not in rule.source.lower() and rule.source, rule.id
+        assert re.search(r"et al\. 20\d\d|Saxena 2023|project", rule.source), rule.id
+    assert "seed" not in inspect.getsource(presets).lower()
+
+
+@pytest.mark.parametrize("target_b,draft_b", [(-5, 0), (0, 0), (None, 0), (float("nan"), 0), (1e9, 0),
+                                              (7, -1), (7, 13)])
+def test_advisor_tab_bad_input_clears_the_advice(target_b, draft_b):
+    """Out-of-range sizes give a message saying what is allowed and no advice (Apply then has nothing stale)."""
+    from playground.ui import advisor_tab
+
+    md, state = advisor_tab.advise(_FakeEngine(), target_b, draft_b, False, "chat", "default", "cpu", False, False)
+    assert state is None and "Cannot advise" in md and "Allowed" in md and "Recommended" not in md
+
+
+class _FakeEngine:
+    """Just what the Advisor tab asks of an engine: no models loaded, every method available."""
+
+    draft = medusa = None
+
+    def unavailable_reason(self, method):
+        return None
+
+
+def test_advisor_tab_number_boxes_leave_bounds_to_the_handler_and_apply_confirms():
+    """The size boxes have no Gradio minimum/maximum (which raised a server traceback and kept old advice);
+    Apply's confirmation names the methods and the settings it set."""
+    import gradio as gr
+    import torch
+
+    from playground.engine.compare import METHODS
+    from playground.ui import advisor_tab
+    from playground.ui.app import _knob_keys
+
+    engine = _FakeEngine()
+    engine.target = types.SimpleNamespace(device=torch.device("cpu"), model=torch.nn.Embedding(1000, 135))
+    with gr.Blocks() as demo:
+        use = {m: gr.Checkbox(False) for m in METHODS}
+        knobs = {key: gr.Textbox() for key in _knob_keys()}
+        advisor_tab.build(engine, use, knobs)
+    numbers = [b for b in demo.blocks.values() if isinstance(b, gr.Number)]
+    assert numbers and all(b.minimum is None and b.maximum is None for b in numbers)
+    adv = presets.advise(presets.Situation(0.135, 0.00747, device="cpu", draft_loaded=True, draft_k=2))
+    out = advisor_tab.apply_values(engine, {"methods": adv.methods, "params": adv.params}, _knob_keys())
+    assert out[-1].startswith("**Applied to the Playground tab:**") and "Draft model (K = 2)" in out[-1]
+    assert "Nothing applied" in advisor_tab.apply_values(engine, None, _knob_keys())[-1]
+
+
+def test_theory_tab_shows_a_non_decreasing_verify_cost():
+    """A measured dip (3 tokens timed cheaper than 2, as on a busy machine) is shown raised to the cost of
+    fewer tokens, with the raw timing and a word that such timings are noisy."""
+    from playground.ui import insight, theory_tab
+
+    key = "test-theory-monotone"
+    insight.VERIFY_COSTS[key] = theory.VerifyCost({1: 1.0, 2: 1.69, 3: 1.15, 5: 1.8}, {1: 0.06, 2: 0.1, 3: 0.07,
+                                                  5: 0.11}, source="measured on this device (test)").as_dict()
+    try:
+        _, md = theory_tab.render(0.7, 0.05, [2], [0.05], theory_tab.MEASURED, None, key)
+    finally:
+        del insight.VERIFY_COSTS[key]
+    assert "3: 1.69" in md and "3 tokens timed 1.15" in md and "noisy" in md and "measured on this device" in md
+    assert "3: 1.15" not in md
 
 
 def test_presets_and_command_line():

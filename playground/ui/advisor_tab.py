@@ -15,6 +15,7 @@ import logging
 import gradio as gr
 
 from playground import presets
+from playground.engine import theory
 from playground.engine.compare import BASELINE, METHODS
 
 log = logging.getLogger(__name__)
@@ -23,12 +24,34 @@ NO_DRAFT = 0.0
 """The draft-size box's value meaning "no same-family smaller model"."""
 
 
+def _size_b(model) -> float:
+    """A model's parameter count in billions, to 3 significant digits (0.135, 0.00747)."""
+    return float(f"{sum(p.numel() for p in model.parameters()) / 1e9:.3g}")
+
+
 def target_size_b(engine) -> float:
-    """The loaded target's parameter count in billions (rounded to 3 decimals)."""
+    """The loaded target's parameter count in billions (3 significant digits)."""
     try:
-        return round(sum(p.numel() for p in engine.target.model.parameters()) / 1e9, 3)
+        return _size_b(engine.target.model)
     except AttributeError:
         return 0.135
+
+
+def loaded_draft_b(engine) -> float:
+    """The loaded draft's size in billions, or :data:`NO_DRAFT` when none is loaded."""
+    try:
+        return _size_b(engine.draft.model) if engine.draft is not None else NO_DRAFT
+    except AttributeError:
+        return NO_DRAFT
+
+
+def loaded_models(engine) -> tuple[bool, bool, int | None]:
+    """``(draft loaded, Medusa heads loaded, the draft's own K or None)`` for the advisor."""
+    draft = getattr(engine, "draft", None)
+    k = ((getattr(draft, "knob_defaults", None) or {}).get("k")) if draft is not None else None
+    return (draft is not None and engine.unavailable_reason("draft_model") is None,
+            getattr(engine, "medusa", None) is not None and engine.unavailable_reason("medusa") is None,
+            int(k) if isinstance(k, (int, float)) and not isinstance(k, bool) else None)
 
 
 def advice_markdown(advice: presets.Advice, engine) -> str:
@@ -55,19 +78,57 @@ def advice_markdown(advice: presets.Advice, engine) -> str:
     return "\n".join(lines)
 
 
-def situation(target_b, draft_b, train, task, appetite, device) -> presets.Situation:
-    """A :class:`presets.Situation` from the tab's inputs (draft size 0 = none)."""
-    d = float(draft_b or 0)
-    return presets.Situation(float(target_b or 0), d if d > 0 else None, bool(train), task, appetite, device)
+def _number(value, name: str) -> float:
+    """A number box's value as a float; an empty box or text is a ValueError naming the box."""
+    if value is None or value == "":
+        raise ValueError(f"{name} is empty: enter a number")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+
+
+def situation(target_b, draft_b, train, task, appetite, device, loaded_draft=False, loaded_medusa=False,
+              draft_k=None, cpu_isa=None) -> presets.Situation:
+    """A :class:`presets.Situation` from the tab's inputs (draft size 0 = none; a negative one is an error).
+
+    Raises:
+        ValueError: an empty or non-numeric size (the situation's own check names the allowed range).
+    """
+    t = _number(target_b, "target size")
+    d = 0.0 if draft_b is None or draft_b == "" else _number(draft_b, "draft size")
+    if d < 0:
+        raise ValueError(f"the draft size must be 0 (no draft) or a positive size below the target, got {d:g}")
+    return presets.Situation(t, d if d > 0 else None, bool(train), task, appetite, device,
+                             bool(loaded_draft), bool(loaded_medusa), draft_k if loaded_draft else None,
+                             cpu_isa if device == "cpu" else None)
 
 
 def advise(engine, *values) -> tuple[str, dict | None]:
-    """``(markdown, advice as plain data or None)``; bad input gives a message, never raises."""
+    """``(markdown, advice as plain data or None)``; bad input gives a message that says what is allowed
+    and no recommendation (so Apply has nothing stale to apply), never raises.
+
+    ``values``: the tab's inputs (target size, draft size, willing to train, task, appetite, device,
+    draft loaded, Medusa loaded).
+    """
     try:
-        adv = presets.advise(situation(*values))
+        _, _, draft_k = loaded_models(engine)
+        s = situation(*values, draft_k=draft_k, cpu_isa=presets.cpu_isa())
+        adv = presets.advise(s, verify_cost=_measured_cost(engine))
     except (TypeError, ValueError) as e:
-        return f"**Cannot advise:** {html.escape(str(e))}", None
+        return (f"**Cannot advise:** {html.escape(str(e))}.\n\nAllowed: a target size above 0 and at most "
+                f"{presets.MAX_TARGET_B:g} billion parameters, and a draft size of 0 (none) or above 0 and below "
+                "the target. Fix the input to see a recommendation."), None
     return advice_markdown(adv, engine), {"methods": adv.methods, "params": adv.params, "primary": adv.primary}
+
+
+def _measured_cost(engine):
+    """This device's verify cost if the Theory tab has measured it (made non-decreasing), else None."""
+    from . import insight, worker
+
+    key = next((k for k, e in worker.ENGINES.items() if e is engine), None)  # the Theory tab registered it
+    d = insight.VERIFY_COSTS.get(key) if key else None
+    return theory.VerifyCost.from_dict(d).monotone() if d else None
 
 
 def apply_values(engine, advice: dict | None, knob_keys: list[tuple[str, str]]) -> tuple:
@@ -75,7 +136,8 @@ def apply_values(engine, advice: dict | None, knob_keys: list[tuple[str, str]]) 
     order), one per knob slider (in ``knob_keys`` order; skipped when the advice does not set it),
     then a status message."""
     if not advice:
-        return (*(gr.skip() for _ in METHODS), *(gr.skip() for _ in knob_keys), "Nothing to apply: advise first.")
+        return (*(gr.skip() for _ in METHODS), *(gr.skip() for _ in knob_keys),
+                "Nothing applied: there is no recommendation (fix the advisor's input first).")
     ticks = [m for m in advice["methods"] if m in METHODS and engine.unavailable_reason(m) is None]
     skipped = [m for m in advice["methods"] if m not in ticks]
     boxes = [m in ticks for m in METHODS]
@@ -88,10 +150,24 @@ def apply_values(engine, advice: dict | None, knob_keys: list[tuple[str, str]]) 
                 value = min(max(value, knob.minimum), knob.maximum)
             value = knob.check(value)
         knobs.append(gr.skip() if value is None else value)
-    msg = "Applied to the Playground tab: " + ", ".join(METHODS[m].label for m in ticks) + "."
+    return (*boxes, *knobs, applied_message(advice, ticks, skipped, knob_keys))
+
+
+def applied_message(advice: dict, ticks: list[str], skipped: list[str], knob_keys: list[tuple[str, str]]) -> str:
+    """The confirmation shown after Apply: each ticked method with the settings that were set."""
+    parts = []
+    for m in ticks:
+        set_here = {k: v for k, v in (advice["params"].get(m) or {}).items() if (m, k) in knob_keys}
+        label = METHODS[m].label
+        parts.append(label + (" (" + ", ".join(f"{_KNOB_NAMES.get(k, k)} = {v}" for k, v in set_here.items()) + ")"
+                              if set_here else ""))
+    msg = "**Applied to the Playground tab:** " + "; ".join(parts) + ". Run it there to measure."
     if skipped:
-        msg += " Not available here: " + ", ".join(skipped) + "."
-    return (*boxes, *knobs, msg)
+        msg += " Not available with the loaded models, so not ticked: " + ", ".join(skipped) + "."
+    return msg
+
+
+_KNOB_NAMES = {"k": "K", "window": "W", "ngram_size": "N", "guess_set_size": "G"}
 
 
 def preset_markdown(name: str) -> str:
@@ -137,14 +213,22 @@ def build(engine, use: dict, knobs: dict) -> None:
     """
     device = "cpu" if str(engine.target.device) == "cpu" else "gpu"
     gr.Markdown("Tell the advisor about your deployment; it recommends a method and settings, with the rule behind "
-                "each choice, and says where measurements on this machine disagree with a rule.")
+                "each choice, and says where measurements (this device's from the Theory tab, or the README's, "
+                "naming the machine) disagree with a rule.")
+    has_draft, has_medusa, _ = loaded_models(engine)
     with gr.Row(equal_height=False):
         with gr.Column(scale=2, min_width=300):
-            target_b = gr.Number(target_size_b(engine), label="Target size (billions of parameters)", minimum=0.001,
-                                 elem_id="advisor-target-b")
-            draft_b = gr.Number(NO_DRAFT, label="Same-family smaller model with the same tokenizer (billions; 0 = none)",
-                                minimum=0, elem_id="advisor-draft-b")
+            # No minimum/maximum on the boxes: Gradio would reject out-of-range values with a server
+            # traceback and keep the old advice; advise() checks them and says what is allowed.
+            target_b = gr.Number(target_size_b(engine), label=f"Target size (billions of parameters, above 0 and at "
+                                 f"most {presets.MAX_TARGET_B:g})", elem_id="advisor-target-b")
+            draft_b = gr.Number(loaded_draft_b(engine), label="Same-family smaller model with the same tokenizer "
+                                "(billions; 0 = none)", elem_id="advisor-draft-b")
             train = gr.Checkbox(False, label="Willing to train something (e.g. Medusa heads)", elem_id="advisor-train")
+            loaded_draft = gr.Checkbox(has_draft, label="This draft is loaded here (made for this target; the "
+                                       "Playground tab can measure it)", elem_id="advisor-loaded-draft")
+            loaded_medusa = gr.Checkbox(has_medusa, label="Medusa heads for this target are loaded here",
+                                        elem_id="advisor-loaded-medusa")
             task = gr.Dropdown(list(presets.TASKS), value="chat", label="Task", elem_id="advisor-task",
                                info="Code, summarisation, RAG and extraction copy from the prompt.")
             appetite = gr.Radio(list(presets.APPETITES), value="default", label="Appetite for risk (sets K)",
@@ -155,8 +239,9 @@ def build(engine, use: dict, knobs: dict) -> None:
                 apply_btn = gr.Button("Apply to the Playground tab", elem_id="advisor-apply")
             applied = gr.Markdown("", elem_id="advisor-applied")
         with gr.Column(scale=3):
-            inputs = [target_b, draft_b, train, task, appetite, dev]
-            md0, adv0 = advise(engine, target_size_b(engine), NO_DRAFT, False, "chat", "default", device)
+            inputs = [target_b, draft_b, train, task, appetite, dev, loaded_draft, loaded_medusa]
+            md0, adv0 = advise(engine, target_size_b(engine), loaded_draft_b(engine), False, "chat", "default",
+                               device, has_draft, has_medusa)
             out = gr.Markdown(md0, elem_id="advisor-output")
             state = gr.State(adv0)
     with gr.Accordion("Model presets", open=True, elem_id="presets"):
@@ -173,9 +258,12 @@ def build(engine, use: dict, knobs: dict) -> None:
             gr.Markdown("\n".join(f"- **`{r.id}`**: {r.guidance} _({r.source})_" for r in presets.RULES.values()))
 
     knob_keys = list(knobs)
-    go_btn.click(lambda *v: advise(engine, *v), inputs, [out, state], api_visibility="private", queue=False)
+    def advise_and_clear(*v):  # new advice: the last "Applied" message no longer describes it
+        return (*advise(engine, *v), "")
+
+    go_btn.click(advise_and_clear, inputs, [out, state, applied], api_visibility="private", queue=False)
     for comp in inputs:
-        comp.change(lambda *v: advise(engine, *v), inputs, [out, state], api_visibility="private", queue=False)
+        comp.change(advise_and_clear, inputs, [out, state, applied], api_visibility="private", queue=False)
     apply_btn.click(lambda adv: apply_values(engine, adv, knob_keys), state,
                     [*(use[m] for m in METHODS), *(knobs[k] for k in knob_keys), applied],
                     api_visibility="private", queue=False)
@@ -185,8 +273,11 @@ def build(engine, use: dict, knobs: dict) -> None:
         p = presets.get_preset(name)
         sizes = {"HuggingFaceTB/SmolLM2-360M-Instruct": 0.36, "HuggingFaceTB/SmolLM2-135M-Instruct": 0.135,
                  "Qwen/Qwen2.5-0.5B-Instruct": 0.5, "meta-llama/Llama-2-7b-chat-hf": 6.7}
-        return p.params_b, sizes.get(p.draft, NO_DRAFT), bool(p.medusa)
+        here = p.target == getattr(engine.target, "spec", None)  # the preset's models are the loaded ones
+        draft_b_value = loaded_draft_b(engine) if here and has_draft else sizes.get(p.draft, NO_DRAFT)
+        return p.params_b, draft_b_value, bool(p.medusa), here and has_draft, here and has_medusa
 
-    fill_btn.click(fill, pick, [target_b, draft_b, train], api_visibility="private", queue=False)
+    fill_btn.click(fill, pick, [target_b, draft_b, train, loaded_draft, loaded_medusa], api_visibility="private",
+                   queue=False)
     load_btn.click(lambda name: load_preset(engine, name), pick, preset_info, api_visibility="private",
                    concurrency_id="engine")

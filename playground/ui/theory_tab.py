@@ -4,7 +4,9 @@ Formulas from :mod:`playground.engine.theory` (Leviathan et al. 2023): expected 
 (1 - alpha^(K+1)) / (1 - alpha), step cost K*c + verify_cost(K+1), speedup = their ratio.
 The verify cost is measured on this device with the loaded target the first time the tab opens
 (cached per engine in :data:`insight.VERIFY_COSTS`); until then, or on request, the fallback
-table or the paper's constant 1 is used. The last run's measured (alpha, speedup) points are
+table or the paper's constant 1 is used. Whatever the source, the cost used and shown is made
+non-decreasing in the number of tokens (``VerifyCost.monotone``), since timings on a busy
+machine are noisy. The last run's measured (alpha, speedup) points are
 overlaid.
 """
 
@@ -27,12 +29,33 @@ MEASURE_SIZES = sorted({*theory.DEFAULT_MEASURE_SIZES, MAX_SPECULATIVE_TOKENS + 
 ALPHAS = [i / 100 for i in range(0, 101)]
 
 
-def _cost(mode: str, engine_key: str) -> theory.VerifyCost:
+def _cost(mode: str, engine_key: str) -> tuple[theory.VerifyCost, theory.VerifyCost]:
+    """``(cost used, raw table)`` for ``mode``. The cost used is the raw table made non-decreasing
+    (:meth:`theory.VerifyCost.monotone`): a forward over more tokens never costs less, so a dip in
+    a measurement is timing noise (a busy machine), and believing it would overrate bigger K."""
     if mode == CONSTANT:
-        return theory.CONSTANT_VERIFY_COST
-    if mode == MEASURED:
-        return insight.verify_cost_for(engine_key)
-    return theory.FALLBACK
+        raw = theory.CONSTANT_VERIFY_COST
+    elif mode == MEASURED:
+        raw = insight.verify_cost_for(engine_key)
+    else:
+        raw = theory.FALLBACK
+    return raw.monotone(), raw
+
+
+def verify_cost_markdown(cost: theory.VerifyCost, raw: theory.VerifyCost, sizes=(1, 2, 3, 5, 9, 17)) -> str:
+    """The verify-cost row shown under the chart: the non-decreasing cost, and where it differs
+    from the raw timing, the raw value too, with a word on noise."""
+    rows = " | ".join(f"{n}: {cost(n):.2f}" for n in sizes)
+    raised = [n for n in sorted(raw.table) if cost(n) > raw(n) + 1e-9]
+    md = f"**Verify cost** (tokens per forward: relative cost, non-decreasing) {rows}"
+    if raised:
+        md += ("  \nRaised to the cost of fewer tokens where a timing came out lower: "
+               + ", ".join(f"{n} tokens timed {raw(n):.2f}" for n in raised)
+               + ". A forward over more tokens never costs less; such a dip is noise.")
+    if raw.seconds:
+        md += ("  \nTimings on a busy machine (another run, the benchmark, other programs) are noisy: "
+               "press **Measure again** when it is quiet.")
+    return md + f"  \n_{html.escape(cost.source)}_"
 
 
 def measured_points(summary: dict | None) -> list[dict]:
@@ -60,7 +83,7 @@ def render(alpha, c, ks, cs, mode, summary, engine_key: str) -> tuple:
         ``(figure, markdown)``; bad values give an empty figure and a message (never raise).
     """
     try:
-        cost = _cost(mode, engine_key)
+        cost, raw = _cost(mode, engine_key)
         ks = sorted(int(k) for k in (ks or []))
         cs = sorted(float(x) for x in (cs or []))
         curves = {}
@@ -71,13 +94,12 @@ def render(alpha, c, ks, cs, mode, summary, engine_key: str) -> tuple:
                                    title=f"Expected speedup vs alpha (verify cost: {mode})")
         best_k, best = theory.optimal_k(alpha, c, cost)
         tau = theory.expected_tokens_per_step(alpha, best_k)
-        rows = " | ".join(f"{n}: {cost(n):.2f}" for n in (1, 2, 3, 5, 9, 17))
         verdict = "" if best > 1 else " **Speculation does not pay here: plain decoding is faster.**"
         md = (f"### Optimal K for α = {alpha:.2f}, c = {c:g}: **K = {best_k}** "
               f"(expected {best:.2f}×, τ = {tau:.2f}).{verdict}\n\n"
               f"Expected tokens per step (1 − α^(K+1)) / (1 − α); cost K·c + verify_cost(K+1) in single-token "
               f"target forwards (Leviathan et al. 2023).\n\n"
-              f"**Verify cost** (tokens per forward: relative cost) {rows}  \n_{html.escape(cost.source)}_")
+              + verify_cost_markdown(cost, raw))
         if not curves:
             md = "Tick at least one K and one c to draw curves.\n\n" + md
         return fig, md
@@ -104,7 +126,9 @@ def build(engine, last_run: gr.State, tab: gr.Tab) -> None:
     gr.Markdown("Speculative decoding's expected speedup (Leviathan et al. 2023) against the acceptance rate "
                 "alpha, for several K (tokens drafted per step) and draft costs c (one drafted token's cost as a "
                 "fraction of one target forward). The verification cost of K + 1 tokens is measured on this device; "
-                "on a GPU it stays near one forward, on a CPU it grows with K. Diamonds: the last run's methods.")
+                "on a GPU it stays near one forward, on a CPU it grows with K. Timings on a busy machine are "
+                "noisy, so the cost is shown non-decreasing (more tokens never cost less). Diamonds: the last "
+                "run's methods.")
     with gr.Row():
         with gr.Column(scale=1, min_width=280):
             alpha = gr.Slider(0.0, 1.0, value=0.7, step=0.01, label="Acceptance rate α (for the optimal K)",
