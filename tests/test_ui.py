@@ -112,9 +112,10 @@ def test_bad_input_shows_a_message_and_server_keeps_serving(client):
     _, final = _run(client, "Hello", ["autoregressive", "draft_model"])
     assert "no draft model is loaded" in final["status"] and "pill-warning" in final["status"], final["status"]
 
-    # The slider itself refuses a value outside its bounds before the handler runs.
-    with pytest.raises(Exception, match="(?i)minimum|must be in"):
-        _run(client, "Hello", ["prompt_lookup"], params={"prompt_lookup": {"max_ngram_size": 0}})
+    # A knob out of range reaches the handler (no Gradio preprocess error, no server traceback),
+    # which refuses the run with a message naming the knob and its bounds.
+    _, final = _run(client, "Hello", ["prompt_lookup"], params={"prompt_lookup": {"max_ngram_size": 0}})
+    assert "must be in" in final["status"] and "pill-warning" in final["status"], final["status"]
 
     _, final = _run(client, "Say hello.", ["autoregressive"], max_new_tokens=4)
     assert _done(final), final["status"]
@@ -197,5 +198,48 @@ def test_stats_line_and_badges():
     line = render.stats_line({**stats, "drafter": {"pool_ngrams": 42, "pool_hits": 7}}, baseline_tokens_per_s=10.0,
                              is_baseline=False)
     assert "42 n-grams in the pool" in line and "7 steps with a pool hit" in line
+    line = render.stats_line({**stats, "new_tokens": 1, "steps": 1}, baseline_tokens_per_s=None, is_baseline=True)
+    assert "**1** new token ·" in line and "1 step ·" in line
+    assert render.plural(85, "token") == "85 tokens" and render.plural(1, "category", "categories") == "1 category"
     assert "pill-match" in render.badge("match", "ok") and "✓" in render.badge("match", "ok")
     assert "&lt;x&gt;" in render.status_html("warning", "<x>")
+
+
+def test_knob_inputs_leave_the_range_check_to_the_handler():
+    """A typed value out of range passes the widget (no Gradio error and traceback) and the
+    warning names the allowed range."""
+    import gradio as gr
+    from playground.engine.limits import Knob
+    from playground.ui.knobs import knob_input, out_of_range_message
+
+    knob = Knob("window", "Window W", 1, 20, 4)
+    with gr.Blocks():
+        box = knob_input(knob, "w")
+    assert box.get_block_name() == "slider" and box.preprocess(50) == 50
+    assert "1 to 20" in out_of_range_message(knob, "Window W", 50)
+    assert out_of_range_message(knob, "Window W", 7) is None
+
+
+def test_token_colours_differ_and_legend_lists_loaded_heads():
+    """Every token source has its own colour; the legend lists only the loaded Medusa heads."""
+    from types import SimpleNamespace
+
+    from playground.ui.app import legend_sources
+
+    colours = list(render.SOURCE_COLORS.values())
+    assert len(set(colours)) == len(colours)
+    engine = SimpleNamespace(medusa=SimpleNamespace(num_heads=4))
+    heads = [s for s in legend_sources(engine) if s.startswith("medusa_head_")]
+    assert heads == [f"medusa_head_{k}" for k in range(1, 5)]
+    assert not [s for s in legend_sources(SimpleNamespace(medusa=None)) if s.startswith("medusa_head_")]
+
+
+def test_one_method_colour_for_all_charts():
+    """Playground charts (by label) and Benchmark charts (by method name) colour a method alike."""
+    from playground.ui import charts
+
+    for m, info in METHODS.items():
+        assert charts.method_color(m) == charts.method_color(info.label)
+    fig = charts.bench_speedup_figure([{"category": "overall", "method": m, "speedup": 1.0}
+                                       for m in ("autoregressive", "medusa")])
+    assert fig.data[0].marker.color == charts.method_color("Medusa")

@@ -52,7 +52,11 @@ PAGE_CSS = """
 .method-panel .panel-title p { margin: 0; font-size: 1.05em; }
 .stats-line p { margin: 2px 0; font-size: 0.92em; }
 .unavailable-reason p { font-size: 0.9em; color: var(--body-text-color-subdued); margin: 0 0 6px 0; }
+#method-panels { display: grid; grid-template-columns: repeat(auto-fit, minmax(220px, 1fr)); align-items: start; }
+#method-panels > .method-panel { min-width: 0; }
 """
+"""Page CSS. ``#method-panels`` lays the method panels out as a grid of equal columns: as many
+as fit, wrapping ones keep the same width (a wrapped flex row would stretch a lone last panel)."""
 
 
 def launch_options() -> dict[str, Any]:
@@ -126,8 +130,14 @@ def _parse(values: tuple) -> tuple[str, list[MethodSpec], GenerationSettings]:
         raise ValueError("no method is ticked: choose at least one method to run")
     specs = [MethodSpec(m, {k.name: v[f"{m}_{k.name}"] for k in METHODS[m].knobs}) for m in chosen]
     for s in specs:
-        s.checked_params()  # names the knob and its bounds when a value is out of range
-    gen = {k.name: k.check(v[k.name]) for k in GENERATION_KNOBS}
+        try:
+            s.checked_params()  # names the knob and its bounds when a value is out of range
+        except ValueError as e:
+            raise ValueError(f"{METHODS[s.name].label} settings: {e}") from None
+    try:
+        gen = {k.name: k.check(v[k.name]) for k in GENERATION_KNOBS}
+    except ValueError as e:
+        raise ValueError(f"Generation settings: {e}") from None
     sampling = SamplingConfig(gen["temperature"], gen["top_p"], gen["top_k"], gen["seed"])
     return str(v["prompt"] or ""), specs, GenerationSettings(gen["max_new_tokens"], sampling)
 
@@ -152,8 +162,7 @@ class _RunView:
         for m in self.chosen:
             self.html[m] = render.placeholder("waiting for the first token…")
             self.badge_md[m] = self._badge(m)
-        self.colors = {METHODS[m].label: charts.METHOD_COLORS[i % len(charts.METHOD_COLORS)]
-                       for i, m in enumerate(METHODS)}
+        self.colors = {METHODS[m].label: charts.method_color(m) for m in METHODS}
         self.refresh_figures()
 
     def add(self, event: dict) -> None:
@@ -281,7 +290,7 @@ def run_comparison(engine: Engine, *values, stream=None) -> Iterator[tuple]:
                 return
             if event["type"] == "start":
                 view.status = render.status_html(
-                    "running", f"Running {labels} on a {event['prompt_tokens']}-token prompt…")
+                    "running", f"Running {labels} on a prompt of {render.plural(event['prompt_tokens'], 'token')}…")
                 yield view.values()
                 start = last = last_chart = time.perf_counter()
                 continue
@@ -327,7 +336,7 @@ def build_demo(engine: Engine) -> gr.Blocks:
     target = engine.target
     draft = getattr(engine, "draft", None)
     examples = load_examples()
-    sources = [s for m in METHODS for s in METHODS[m].sources]
+    sources = legend_sources(engine)
     available = {m: engine.unavailable_reason(m) is None for m in METHODS}
 
     with gr.Blocks(title=TITLE) as demo:
@@ -375,10 +384,10 @@ def build_demo(engine: Engine) -> gr.Blocks:
 
                 gr.HTML(render.legend_html(sources, SOURCE_LABELS), elem_id="legend")
                 panel_cols, panel_outputs = {}, []
-                with gr.Row(equal_height=False):
+                with gr.Row(equal_height=False, elem_id="method-panels"):
                     for m, info in METHODS.items():
                         with gr.Column(visible=bool(use[m].value), elem_classes=["method-panel"],
-                                       elem_id=f"col-{m}", min_width=260) as col:
+                                       elem_id=f"col-{m}", min_width=220) as col:
                             gr.Markdown(f"**{info.label}**", elem_classes=["panel-title"])
                             # The value only grows during a run (spans appended), so it streams as diffs;
                             # the wrapper and its CSS live in the template.
@@ -389,13 +398,19 @@ def build_demo(engine: Engine) -> gr.Blocks:
                                                 label=f"{m} stats")
                             badge = gr.HTML("", elem_id=f"badge-{m}", elem_classes=["badge-line"],
                                             label=f"{m} lossless check")
-                            if m == "draft_model":  # per-position acceptance, time split, suggested K
-                                draft_insight = insight.build_draft_panel()
                         panel_cols[m] = col
                         panel_outputs += [tokens, stats, badge]
+                # The draft model's per-position acceptance, time split and suggested K: below the
+                # panel grid (inside it, it would make the draft column taller than the others).
+                with gr.Column(visible=bool(use["draft_model"].value), elem_id="col-draft-insight") as insight_col:
+                    draft_insight = insight.build_draft_panel()
                 with gr.Row():
-                    chart = gr.Plot(label="Tokens over time", show_label=False, elem_id="chart", scale=3)
-                    bars = gr.Plot(label="Tokens per second", show_label=False, elem_id="bars", scale=2)
+                    # Before the first run: an empty figure with a note (an empty gr.Plot shows a broken image).
+                    chart = gr.Plot(charts.empty_figure("Tokens generated over time", "press Run to see each "
+                                                        "method's tokens over time"),
+                                    label="Tokens over time", show_label=False, elem_id="chart", scale=3)
+                    bars = gr.Plot(charts.empty_figure("Throughput", "press Run to compare tokens per second"),
+                                   label="Tokens per second", show_label=False, elem_id="bars", scale=2)
 
                 run_charts = insight.build_run_charts()
             with gr.Tab("Benchmark", id="benchmark", elem_id="tab-benchmark"):
@@ -408,6 +423,8 @@ def build_demo(engine: Engine) -> gr.Blocks:
         for m in METHODS:
             use[m].change(lambda on: gr.Column(visible=bool(on)), use[m], panel_cols[m],
                           api_visibility="private", queue=False)
+        use["draft_model"].change(lambda on: gr.Column(visible=bool(on)), use["draft_model"], insight_col,
+                                  api_visibility="private", queue=False)
 
         def run(*values):
             yield from run_comparison(engine, *values)
@@ -430,6 +447,21 @@ def build_demo(engine: Engine) -> gr.Blocks:
     # On Hugging Face Spaces (shared CPU or one ZeroGPU slice) one run at a time.
     demo.queue(default_concurrency_limit=1 if worker.on_spaces() else CONCURRENT_RUNS, max_size=QUEUE_SIZE)
     return demo
+
+
+def legend_sources(engine: Engine) -> list[str]:
+    """Token sources the legend lists: every method's, with Medusa's heads cut to those the
+    engine has loaded (none without heads)."""
+    medusa = getattr(engine, "medusa", None)
+    num_heads = getattr(medusa, "num_heads", 0) if medusa is not None else 0
+    out = []
+    for m in METHODS:
+        for s in METHODS[m].sources:
+            if s.startswith("medusa_head_") and not (s.removeprefix("medusa_head_").isdigit()
+                                                      and int(s.removeprefix("medusa_head_")) <= num_heads):
+                continue
+            out.append(s)
+    return out
 
 
 def _knob_keys() -> list[tuple[str, str]]:

@@ -23,7 +23,7 @@ from playground import bench, bench_io
 from playground.engine.compare import BASELINE, METHODS, MethodSpec
 from playground.engine.limits import Knob
 
-from . import charts, worker
+from . import charts, render, worker
 from .knobs import knob_input
 
 SETS = {"Spec-Bench dev (bundled)": "spec_bench", "HumanEval dev (bundled)": "humaneval"}
@@ -60,13 +60,41 @@ def category_choices(set_name: str, upload: str | None) -> tuple[list[str], str]
     except bench.BenchError as e:
         return [], str(e)
     cats = list(dict.fromkeys(q.category for q in qs))
-    return cats, f"{len(qs)} questions in {len(cats)} categories"
+    return cats, f"{render.plural(len(qs), 'question')} in {render.plural(len(cats), 'category', 'categories')}"
+
+
+def speedup_text(x) -> str:
+    """A speedup as the page shows it everywhere: two decimals and ×, ``-`` when there is none.
+    Takes a number or the CLI's printed cell (``1.47x``)."""
+    if isinstance(x, str):
+        return x.removesuffix("x") + "×" if x.endswith("x") else x
+    return "-" if x is None or x != x else f"{x:.2f}×"
+
+
+def number_text(x) -> str:
+    """A number with two decimals (``1.20``, not ``1.2``); ``-`` when there is none; a printed
+    cell (already ``1.20``) stays as it is."""
+    if isinstance(x, str):
+        return x
+    return "-" if x is None or x != x else f"{x:.2f}"
+
+
+def table_value(header: list[str], lines: list[list]):
+    """A read-only table's value: the numbers as they are (``value["data"]``), shown formatted
+    through a pandas Styler (Gradio's display values): speedups ``1.47×``, others ``1.20``."""
+    import pandas as pd
+
+    df = pd.DataFrame(lines, columns=header)
+    formats = {c: speedup_text if "speedup" in c else number_text for c in header
+               if c in ("speedup", "tau", "tokens/s") or c.endswith(" speedup")}
+    return df.style.format(formats, na_rep="-").hide(axis="index")
 
 
 def tables(records: list[dict]) -> tuple[list[dict], list[str], list[list], list[list]]:
     """``(summary rows, leaderboard header, leaderboard lines, detail lines)`` of the records.
 
-    Detail lines are ``[category, *bench.table_cells(row)]``: the cells the CLI prints.
+    Detail lines are ``[category, *bench.table_cells(row)]``: the cells the CLI prints; the page
+    shows both tables through :func:`table_value` (speedups with ×, two decimals).
     """
     rows = bench.summarize(records)
     header, lines = bench.leaderboard(rows)
@@ -103,7 +131,8 @@ def _outputs(status: str, bar, records: list[dict], files=(None, None)) -> tuple
     if not records:
         return (status, bar, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
     rows, header, lines, detail = tables(records)
-    return (status, bar, gr.Dataframe(value=lines, headers=header), gr.Dataframe(value=detail, headers=DETAIL_HEADER),
+    return (status, bar, gr.Dataframe(value=table_value(header, lines), headers=header),
+            gr.Dataframe(value=table_value(DETAIL_HEADER, detail), headers=DETAIL_HEADER),
             charts.bench_speedup_figure(rows), charts.bench_tau_figure(rows), files[0], files[1])
 
 
@@ -148,7 +177,7 @@ def run_benchmark(engine, set_name, upload, categories, methods, limit, max_new_
         folder = Path(tempfile.mkdtemp(prefix="bench-"))
         t0 = time.perf_counter()
         bar = progress_html(0, total, "warming up…" if warmup else "starting…")
-        yield (f"Running {', '.join(names)} on {len(questions)} questions…", bar, *(gr.skip(),) * 6)
+        yield (f"Running {', '.join(names)} on {render.plural(len(questions), 'question')}…", bar, *(gr.skip(),) * 6)
         settings = {"max_new_tokens": max_new, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0}
         done = 0
         qdicts = [{"question_id": q.question_id, "category": q.category, "turns": list(q.turns)} for q in questions]
@@ -165,9 +194,9 @@ def run_benchmark(engine, set_name, upload, categories, methods, limit, max_new_
             records.append(rec)
             done += 1
             note = f"q {rec['question_id']} turn {rec['turn']} {rec['method']}: {rec['tokens_per_s']:.1f} tok/s"
-            yield _outputs(f"Running… {len(records)} records", progress_html(done, total, note), records,
+            yield _outputs(f"Running… {render.plural(len(records), 'record')}", progress_html(done, total, note), records,
                            _write_files(records, folder))
-        yield _outputs(f"Done: {len(records)} records in {time.perf_counter() - t0:.0f} s (greedy, "
+        yield _outputs(f"Done: {render.plural(len(records), 'record')} in {time.perf_counter() - t0:.0f} s (greedy, "
                        f"max new tokens {max_new}).", progress_html(done, total, "done"), records,
                        _write_files(records, folder) if records else (None, None))
     except Exception as e:  # never let a benchmark take the server down
@@ -188,20 +217,18 @@ def build(engine) -> None:
     with gr.Row(equal_height=False):
         with gr.Column(scale=2):
             qset = gr.Radio([*SETS, UPLOAD], value=next(iter(SETS)), label="Questions", elem_id="bench-set")
+            # Shown only while "Upload a JSONL file" is chosen.
             upload = gr.File(label="JSONL: Spec-Bench rows (question_id, category, turns) or HumanEval rows "
                                    "(task_id, prompt)", file_types=[".jsonl", ".json"], type="filepath",
-                             elem_id="bench-upload")
+                             elem_id="bench-upload", visible=qset.value == UPLOAD)
             cats = gr.CheckboxGroup(cats0, value=cats0, label="Categories", info=note0, elem_id="bench-categories")
             methods = gr.CheckboxGroup([(METHODS[m].label, m) for m in available],
                                        value=[m for m in (BASELINE, "prompt_lookup") if m in available],
                                        label="Methods (autoregressive always runs: it is the baseline)",
                                        elem_id="bench-methods")
         with gr.Column(scale=2):
-            limit = gr.Slider(LIMIT_KNOB.minimum, LIMIT_KNOB.maximum, value=LIMIT_KNOB.default, step=1,
-                              label=LIMIT_KNOB.label, info=LIMIT_KNOB.info, elem_id="bench-limit")
-            max_new = gr.Slider(NEW_TOKENS_KNOB.minimum, NEW_TOKENS_KNOB.maximum, value=NEW_TOKENS_KNOB.default,
-                                step=1, label=NEW_TOKENS_KNOB.label, info=NEW_TOKENS_KNOB.info,
-                                elem_id="bench-max-new-tokens")
+            limit = knob_input(LIMIT_KNOB, "bench-limit")
+            max_new = knob_input(NEW_TOKENS_KNOB, "bench-max-new-tokens")
             warmup = gr.Checkbox(True, label="Warm-up round first (untimed, as the CLI's --warmup 1)",
                                  elem_id="bench-warmup")
             knob_inputs = []
@@ -244,7 +271,8 @@ def build(engine) -> None:
         choices, note = category_choices(set_name, up)
         return gr.CheckboxGroup(choices=choices, value=choices, info=note)
 
-    qset.change(refresh, [qset, upload], cats, api_visibility="private", queue=False)
+    qset.change(lambda name, up: (refresh(name, up), gr.File(visible=name == UPLOAD)), [qset, upload],
+                [cats, upload], api_visibility="private", queue=False)
     upload.change(lambda up: (UPLOAD, refresh(UPLOAD, up)) if up else (gr.skip(), gr.skip()), upload, [qset, cats],
                   api_visibility="private", queue=False)
 

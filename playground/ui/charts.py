@@ -8,22 +8,52 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+import textwrap
+
 import plotly.graph_objects as go
+
+from playground.engine.compare import METHODS
 
 METHOD_COLORS = ("#2563eb", "#d97706", "#059669", "#db2777", "#7c3aed", "#0891b2")
 """Line and bar colours, by the method's position in the registry."""
+
+METHOD_COLOR: dict[str, str] = {}
+"""The one method -> colour mapping of every chart (Playground and Benchmark tab alike), keyed by
+method name (``medusa``) and by label (``Medusa``): the registry position's colour."""
+for _i, (_name, _info) in enumerate(METHODS.items()):
+    METHOD_COLOR[_name] = METHOD_COLOR[_info.label] = METHOD_COLORS[_i % len(METHOD_COLORS)]
+
+LEGEND_ROW_PX = 22
+"""Height of one row of a horizontal legend (12 px font)."""
 
 _AXIS = dict(showgrid=True, gridcolor="rgba(128,128,128,0.25)", zeroline=False, linecolor="#9ca3af",
              showline=True, ticks="outside", tickcolor="#9ca3af", automargin=True)
 # Transparent backgrounds and a mid-grey font read well on the light and the dark theme alike.
 
 
-def _layout(fig: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
+def method_color(name_or_label: str, i: int = 0) -> str:
+    """A method's colour (by name or label); other series take the palette's ``i``-th colour."""
+    return METHOD_COLOR.get(name_or_label, METHOD_COLORS[i % len(METHOD_COLORS)])
+
+
+def _layout(fig: go.Figure, title: str, x_title: str, y_title: str, height: int = 320) -> go.Figure:
+    """Title at the top left; the legend (when shown) in one or more horizontal rows at the
+    bottom of the figure, below the x-axis title, so it never covers the title or the data.
+    The bottom margin makes room for as many legend rows as the series need."""
+    names = [t.name for t in fig.data if t.name and t.showlegend is not False]
+    # A rough upper bound of the legend rows: about 6 px per character plus the swatch, in a
+    # figure at least 420 px wide; an overestimate leaves a little blank space, never an overlap.
+    width = sum(6 * len(n) + 50 for n in names)
+    rows = 0 if not names else max(1, -(-width // 420))
+    legend_px = rows * LEGEND_ROW_PX
     fig.update_layout(
-        template="none", title=dict(text=title, x=0.02, font=dict(size=15)), height=320,
-        margin=dict(l=60, r=20, t=44, b=50), font=dict(family="sans-serif", size=12, color="#6b7280"),
-        paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)",
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
+        template="none", title=dict(text=title, x=0.02, xanchor="left", y=0.98, yanchor="top", yref="container",
+                                    font=dict(size=15)),
+        height=height + legend_px,
+        margin=dict(l=60, r=20, t=44, b=50 + legend_px), font=dict(family="sans-serif", size=12, color="#6b7280"),
+        paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)", showlegend=rows > 0,
+        legend=dict(orientation="h", yref="container", y=0.0, yanchor="bottom", xanchor="left", x=0.0,
+                    font=dict(size=12)),
     )
     fig.update_xaxes(title_text=x_title, **_AXIS)
     fig.update_yaxes(title_text=y_title, rangemode="tozero", **_AXIS)
@@ -46,7 +76,7 @@ def timeline_figure(series: Mapping[str, Sequence[tuple[float, int]]],
     for i, (label, points) in enumerate(series.items()):
         xs = [0.0] + [round(t, 4) for t, _ in points]
         ys = [0] + [n for _, n in points]
-        color = (colors or {}).get(label, METHOD_COLORS[i % len(METHOD_COLORS)])
+        color = _color(colors, label, i)
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=label, line=dict(color=color, width=2.5,
                                                                                     shape="hv")))
     return _layout(fig, "Tokens generated over time", "seconds (each method's own steps)", "new tokens")
@@ -61,7 +91,7 @@ def speed_figure(tokens_per_s: Mapping[str, float], colors: Mapping[str, str] | 
     """
     labels = list(tokens_per_s)
     values = [round(v, 2) for v in tokens_per_s.values()]
-    bar_colors = [(colors or {}).get(lb, METHOD_COLORS[i % len(METHOD_COLORS)]) for i, lb in enumerate(labels)]
+    bar_colors = [_color(colors, lb, i) for i, lb in enumerate(labels)]
     fig = go.Figure(go.Bar(x=labels, y=values, marker_color=bar_colors, text=[f"{v:.1f}" for v in values],
                            textposition="outside", cliponaxis=False))
     fig = _layout(fig, "Throughput", "", "tokens / s")
@@ -70,14 +100,19 @@ def speed_figure(tokens_per_s: Mapping[str, float], colors: Mapping[str, str] | 
 
 
 def _color(colors: Mapping[str, str] | None, label: str, i: int) -> str:
-    return (colors or {}).get(label, METHOD_COLORS[i % len(METHOD_COLORS)])
+    return (colors or {}).get(label) or method_color(label, i)
 
 
-def empty_figure(title: str, message: str) -> go.Figure:
-    """A figure with only a title and a grey note in the middle (no data yet)."""
-    fig = _layout(go.Figure(), title, "", "")
-    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
-                       font=dict(size=13, color="#9ca3af"))
+EMPTY_NOTE_CHARS = 30
+"""Longest line of an empty figure's note: short lines fit even the narrow draft-panel chart."""
+
+
+def empty_figure(title: str, message: str, height: int = 320) -> go.Figure:
+    """A figure with only a title and a grey note in the middle (no data yet); the note wraps
+    onto short lines so a narrow chart does not clip it."""
+    fig = _layout(go.Figure(), title, "", "", height=height)
+    fig.add_annotation(text="<br>".join(textwrap.wrap(message, EMPTY_NOTE_CHARS)), showarrow=False,
+                       x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=13, color="#9ca3af"))
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return fig
@@ -186,8 +221,7 @@ def theory_figure(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
                                  marker=dict(size=12, symbol="diamond", color="#111827",
                                              line=dict(color="#ffffff", width=1))))
     fig.add_hline(y=1.0, line=dict(color="#9ca3af", dash="dot", width=1))
-    fig = _layout(fig, title, "acceptance rate alpha", "expected speedup (x)")
-    fig.update_layout(height=420)
+    fig = _layout(fig, title, "acceptance rate alpha", "expected speedup (×)", height=420)
     fig.update_xaxes(range=[0, 1])
     return fig
 
@@ -206,12 +240,12 @@ def bench_speedup_figure(rows: Sequence[dict], baseline: str = "autoregressive")
     fig = go.Figure()
     for i, m in enumerate(methods):
         ys = [by[(c, m)]["speedup"] if (c, m) in by and by[(c, m)]["speedup"] is not None else None for c in cats]
-        fig.add_trace(go.Bar(x=cats, y=ys, name=m, marker_color=METHOD_COLORS[(i + 1) % len(METHOD_COLORS)],
-                             text=[None if y is None else f"{y:.2f}x" for y in ys], textposition="outside",
+        fig.add_trace(go.Bar(x=cats, y=ys, name=m, marker_color=method_color(m, i + 1),
+                             text=[None if y is None else f"{y:.2f}×" for y in ys], textposition="outside",
                              cliponaxis=False))
     fig.add_hline(y=1.0, line=dict(color="#9ca3af", dash="dot", width=1))
-    fig = _layout(fig, "Speedup over autoregressive, by category", "", "speedup (x)")
-    fig.update_layout(barmode="group", height=360)
+    fig = _layout(fig, "Speedup over autoregressive, by category", "", "speedup (×)", height=360)
+    fig.update_layout(barmode="group")
     return fig
 
 
@@ -222,9 +256,8 @@ def bench_tau_figure(rows: Sequence[dict]) -> go.Figure:
         return empty_figure("Tau per method", "run a benchmark")
     labels = [r["method"] for r in overall]
     ys = [round(r["tau"], 3) for r in overall]
-    fig = go.Figure(go.Bar(x=labels, y=ys, marker_color=[METHOD_COLORS[i % len(METHOD_COLORS)]
-                                                          for i in range(len(labels))],
+    fig = go.Figure(go.Bar(x=labels, y=ys, marker_color=[method_color(m, i) for i, m in enumerate(labels)],
                            text=[f"{y:.2f}" for y in ys], textposition="outside", cliponaxis=False))
-    fig = _layout(fig, "Tau: mean tokens per step (overall)", "", "tokens / step")
-    fig.update_layout(showlegend=False, height=360)
+    fig = _layout(fig, "Tau: mean tokens per step (overall)", "", "tokens / step", height=360)
+    fig.update_layout(showlegend=False)
     return fig

@@ -12,17 +12,19 @@ import html
 from typing import Iterable, Mapping
 
 SOURCE_COLORS: dict[str, str] = {
-    "target": "#d6e4fd",         # light blue: the target's own (bonus / correction) token
-    "prompt_lookup": "#fde68a",  # amber: copied from the prompt and accepted
+    "target": "#dbeafe",         # pale blue: the target's own (bonus / correction) token
+    "prompt_lookup": "#fde68a",  # yellow: copied from the prompt and accepted
     "draft": "#bbf7d0",          # green: proposed by the draft model and accepted
     "lookahead": "#fbcfe8",      # pink
-    # Medusa: one shade per head, from violet (head 1) through orange to teal (head 5)
-    "medusa_head_1": "#ddd6fe", "medusa_head_2": "#c4b5fd", "medusa_head_3": "#fed7aa",
-    "medusa_head_4": "#fdba74", "medusa_head_5": "#99f6e4",
+    # Medusa: one clearly different hue per head, each saturated enough to stand apart from the
+    # target's pale blue and from the other drafters: violet, orange, cyan, red, stone grey
+    "medusa_head_1": "#c4b5fd", "medusa_head_2": "#fdba74", "medusa_head_3": "#67e8f9",
+    "medusa_head_4": "#fca5a5", "medusa_head_5": "#d6d3d1",
 }
-"""Background colour of each token source (light shades: tokens keep dark text in both themes)."""
+"""Background colour of each token source: light enough that dark text (:data:`TOKEN_TEXT_COLOR`)
+keeps a contrast above 7:1 on every one, in both themes; no two sources share a hue family."""
 
-_FALLBACK_COLORS = ("#ddd6fe", "#fed7aa", "#a5f3fc", "#d9f99d", "#fecaca", "#e9d5ff", "#99f6e4", "#fef08a")
+_FALLBACK_COLORS = ("#a5b4fc", "#fcd34d", "#86efac", "#f0abfc", "#fecaca", "#e9d5ff", "#99f6e4", "#fef08a")
 TOKEN_TEXT_COLOR = "#111827"
 
 TOKENS_CSS = """
@@ -92,6 +94,11 @@ def legend_html(sources: Iterable[str], labels: Mapping[str, str]) -> str:
             "Token source:</b>" + "".join(items) + "</div>")
 
 
+def plural(n: int, word: str, plural_form: str | None = None) -> str:
+    """``"1 token"``, ``"2 tokens"``: the count and the word in the right number."""
+    return f"{n} {word if n == 1 else plural_form or word + 's'}"
+
+
 def _num(x: float | None, fmt: str, missing: str = "–") -> str:
     return missing if x is None else format(x, fmt)
 
@@ -120,9 +127,10 @@ def stats_line(stats: Mapping, *, baseline_tokens_per_s: float | None, is_baseli
     else:
         speed = "speedup – (no baseline)"
     alpha = stats.get("alpha")
+    new = stats.get("new_tokens", 0)
     parts = [
-        f"**{stats.get('new_tokens', 0)}** new tokens",
-        f"{stats.get('steps', 0)} steps",
+        f"**{new}** new token{'' if new == 1 else 's'}",
+        plural(stats.get("steps", 0), "step"),
         f"**{tps:.1f} tok/s**",
         speed,
         f"τ {_num(stats.get('tau'), '.2f')}",
