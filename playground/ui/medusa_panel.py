@@ -113,7 +113,7 @@ def describe(engine, value) -> tuple[str, str, str]:
             info = TREE_DESCRIPTIONS.get(value, "custom tree") if isinstance(value, str) else "custom tree"
         return text, tree_svg(paths), f"Tree in use: {html.escape(info)}"
     except (ValueError, TreeChoicesError) as e:
-        return gr.skip(), gr.skip(), f"⚠️ {html.escape(str(e))}"
+        return gr.skip(), gr.skip(), f"⚠️ {html.escape(str(e))}. The tree drawn below is still in use."
 
 
 def check_custom(engine, text: str):
@@ -122,7 +122,7 @@ def check_custom(engine, text: str):
     try:
         paths = [list(p) for p in parse_tree_choices(text, num_heads=num_heads)]
     except TreeChoicesError as e:
-        return gr.skip(), gr.skip(), f"⚠️ {html.escape(str(e))}"
+        return gr.skip(), gr.skip(), f"⚠️ {html.escape(str(e))}. The tree drawn below is still in use."
     value = json.dumps(paths)
     return (gr.update(value=value), tree_svg(paths),
             f"Tree in use: custom, {len(paths)} node{'' if len(paths) == 1 else 's'}, depth {max(len(p) for p in paths)} (valid)")
