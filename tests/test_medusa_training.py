@@ -144,8 +144,8 @@ def test_warm_start_keeps_the_heads_and_adds_identity_blocks():
 
 
 def test_command_line_init_fine_tunes_saved_heads(tmp_path, monkeypatch):
-    """``--init`` starts from saved heads: before training the held-out accuracy is theirs, the
-    result is deeper when ``--layers`` says so, and a bad ``--init`` exits with a message."""
+    """``--init`` starts from saved heads and the result is deeper when ``--layers`` says so (saved
+    in float16 with ``--save-dtype``, loaded in the target's dtype); a bad ``--init`` exits with a message."""
     from playground.training import medusa as trainer
 
     model = tiny_llama(0)
@@ -160,9 +160,13 @@ def test_command_line_init_fine_tunes_saved_heads(tmp_path, monkeypatch):
     common = ["--data", str(data), "--heads", "2", "--batch-size", "16", "--no-progress"]
     assert trainer.main(common + ["--out", str(tmp_path / "a"), "--max-steps", "20", "--lr", "1e-2"]) == 0
     assert trainer.main(common + ["--out", str(tmp_path / "b"), "--max-steps", "5", "--layers", "2",
-                                  "--init", str(tmp_path / "a")]) == 0
+                                  "--init", str(tmp_path / "a"), "--save-dtype", "float16"]) == 0
     config = json.loads((tmp_path / "b" / "config.json").read_text())
     assert config["medusa_num_layers"] == 2
+    from safetensors.torch import load_file
+
+    assert {t.dtype for t in load_file(str(tmp_path / "b" / "medusa_lm_head.safetensors")).values()} == {torch.float16}
+    assert next(load_heads(tmp_path / "b", FakeLoaded(model)).parameters()).dtype == torch.float32
     assert set(json.loads((tmp_path / "a" / "config.json").read_text())["proposal_vocab"]) <= set(config["proposal_vocab"])
     assert trainer.main(common + ["--out", str(tmp_path / "c"), "--max-steps", "1", "--heads", "1",
                                   "--init", str(tmp_path / "a")]) == 2

@@ -239,13 +239,17 @@ class MedusaHeads(nn.Module):
             config["proposal_vocab"] = self.proposal_vocab.tolist()
         return config
 
-    def save(self, folder: str | Path, fmt: str = "safetensors") -> Path:
-        """Write ``config.json`` and the weights (``fmt`` ``"safetensors"`` or ``"pt"``) into ``folder``."""
+    def save(self, folder: str | Path, fmt: str = "safetensors", dtype: torch.dtype | None = None) -> Path:
+        """Write ``config.json`` and the weights (``fmt`` ``"safetensors"`` or ``"pt"``) into ``folder``,
+        stored in ``dtype`` when given (e.g. ``torch.float16`` halves the file; :func:`load_heads`
+        casts to the target's dtype)."""
         if fmt not in ("safetensors", "pt"):
             raise ValueError(f"fmt must be 'safetensors' or 'pt', got {fmt!r}")
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         tensors = self.reference_state_dict()
+        if dtype is not None:
+            tensors = {k: v.to(dtype) for k, v in tensors.items()}
         for stale in (WEIGHTS_SAFETENSORS, WEIGHTS_PT):
             (folder / stale).unlink(missing_ok=True)
         if fmt == "safetensors":

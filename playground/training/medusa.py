@@ -370,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="auto", help="target dtype (auto, float32, bfloat16, float16)")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     ap.add_argument("--format", choices=("safetensors", "pt"), default="safetensors")
+    ap.add_argument("--save-dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                    help="dtype of the saved weights (float16 halves the file; they load in the target's dtype)")
     ap.add_argument("--init", help="start from these heads (folder or hub id, as --medusa) instead of identity "
                                    "heads; --heads and --layers may exceed theirs (the extra heads and blocks "
                                    "start as the identity)")
@@ -451,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(of {heads.vocab_size})")
     acc, loss = evaluate(heads, held)
     heads.top_k_accuracy = acc
-    heads.save(args.out, args.format)
+    heads.save(args.out, args.format, getattr(torch, args.save_dtype))
     first = sum(history[:10]) / max(1, len(history[:10]))
     last = sum(history[-10:]) / max(1, len(history[-10:]))
     print(f"\ntrained {len(history)} steps of {args.batch_size} positions in {t_train:.0f} s "
