@@ -29,6 +29,17 @@ def _greedy_records(model, n: int, length: int, seed: int) -> list[dict]:
     return records
 
 
+def _random_trained_heads():
+    """A tiny frozen model and two one-block heads on its lm_head with random (non-identity) weights."""
+    torch.manual_seed(0)
+    model = tiny_llama(0).requires_grad_(False)
+    heads = MedusaHeads(32, 64, 2, 1).attach_lm_head(model.get_output_embeddings())
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.3)
+    return model, heads
+
+
 def test_positions_and_labels():
     """Positions run from the last prompt token to the third-last token; head k's label is the
     token k + 2 ahead (IGNORE past the end)."""
@@ -40,12 +51,7 @@ def test_positions_and_labels():
 def test_label_vocab_loss_matches_the_full_softmax():
     """Over every token the label-vocabulary loss equals the full-vocabulary loss; over the labels'
     tokens only it is the same cross-entropy with the other tokens left out of the normaliser."""
-    torch.manual_seed(0)
-    model = tiny_llama(0).requires_grad_(False)
-    heads = MedusaHeads(32, 64, 2, 1).attach_lm_head(model.get_output_embeddings())
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.normal_(0, 0.3)
+    model, heads = _random_trained_heads()
     hidden = torch.randn(12, 32)
     labels = torch.randint(0, 64, (12, 2))
     labels[3, 1] = IGNORE
@@ -124,12 +130,7 @@ def test_warm_start_keeps_the_heads_and_adds_identity_blocks():
     an identity head); mismatches are refused."""
     from playground.training.medusa import warm_start
 
-    torch.manual_seed(0)
-    model = tiny_llama(0).requires_grad_(False)
-    init = MedusaHeads(32, 64, 2, 1).attach_lm_head(model.get_output_embeddings())
-    with torch.no_grad():
-        for p in init.parameters():
-            p.normal_(0, 0.3)
+    model, init = _random_trained_heads()
     heads = warm_start(MedusaHeads(32, 64, 3, 2).attach_lm_head(model.get_output_embeddings()), init)
     hidden = torch.randn(5, 32)
     with torch.no_grad():
