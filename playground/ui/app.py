@@ -28,7 +28,8 @@ import gradio as gr
 from playground.engine.compare import BASELINE, METHODS, SOURCE_LABELS, Engine, MethodSpec, RunOutput, \
     check_lossless, is_lossless
 from playground.engine.decoding import GenerationSettings
-from playground.engine.limits import GENERATION_KNOBS
+from playground.engine.limits import GENERATION_KNOBS, MAX_MEDUSA_HEADS
+from playground.engine.medusa import head_source
 from playground.engine.sampling import SamplingConfig
 
 from . import advisor_tab, bench_tab, charts, insight, medusa_panel, render, theory_tab, worker
@@ -450,18 +451,12 @@ def build_demo(engine: Engine) -> gr.Blocks:
 
 
 def legend_sources(engine: Engine) -> list[str]:
-    """Token sources the legend lists: every method's, with Medusa's heads cut to those the
-    engine has loaded (none without heads)."""
+    """Token sources the legend lists: every method's, without the Medusa heads beyond those the
+    engine has loaded (all of them without heads)."""
     medusa = getattr(engine, "medusa", None)
-    num_heads = getattr(medusa, "num_heads", 0) if medusa is not None else 0
-    out = []
-    for m in METHODS:
-        for s in METHODS[m].sources:
-            if s.startswith("medusa_head_") and not (s.removeprefix("medusa_head_").isdigit()
-                                                      and int(s.removeprefix("medusa_head_")) <= num_heads):
-                continue
-            out.append(s)
-    return out
+    loaded = getattr(medusa, "num_heads", 0) if medusa is not None else 0
+    absent = {head_source(k) for k in range(loaded + 1, MAX_MEDUSA_HEADS + 1)}
+    return [s for m in METHODS for s in METHODS[m].sources if s not in absent]
 
 
 def _knob_keys() -> list[tuple[str, str]]:
