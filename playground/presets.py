@@ -352,8 +352,8 @@ def _cpu_notes(s: Situation, primary: str, methods: list[str], k: int | None, pa
     small = s.target_b <= 0.2
     if small:
         notes.append(f"{SPEC_BENCH_SETUP}. On {AVX512_MACHINE}: the shipped distilled draft (18.5 MB, K = 2) "
-                     "1.28x (tau 1.42, alpha 0.215) and Medusa with the shipped heads 1.26x (tau 1.64, auto tree of "
-                     f"7 nodes, depth 2). On {DEV_MACHINE}: the draft 1.07x (K = 3, confidence 0.5), Medusa 1.18x, "
+                     "1.28x (tau 1.42, alpha 0.215) and Medusa with the shipped heads 1.26x (tau 1.65, auto tree of "
+                     f"6 nodes, depth 2). On {DEV_MACHINE}: the draft 1.07x (K = 3, confidence 0.5), Medusa 1.18x, "
                      "Lookahead (2, 3, 3) 1.19x (tau 1.68) and prompt lookup 1.42x (tau 1.86). All lossless.")
         if s.cpu_isa:
             notes.append("This CPU has " + ("AVX-512, like the machine where the draft measured 1.28x."
