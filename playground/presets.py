@@ -118,6 +118,11 @@ class Rule:
     source: str
 
 
+SPEC_BENCH_SPEEDUP = {"avx2": {"draft_model": 1.07, "medusa": 1.18}, "avx512": {"draft_model": 1.28, "medusa": 1.26}}
+"""Spec-Bench speedups over autoregressive of the default model's shipped draft and Medusa heads, per
+CPU instruction set (README; how: :data:`SPEC_BENCH_SETUP`). The advisor's rules and notes quote these."""
+_AVX2, _AVX512 = SPEC_BENCH_SPEEDUP["avx2"], SPEC_BENCH_SPEEDUP["avx512"]
+
 RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("no_draft_medusa", "A new deployment with no draft model: train Medusa heads on the target itself "
          "(a few hours on one GPU) and verify their tree of guesses in one pass.",
@@ -141,8 +146,9 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "target, so the measurement beats the size rules.",
          "Leviathan et al. 2023; Chen et al. 2023; project measurements (README)"),
     Rule("loaded_medusa", "Medusa heads for the target are loaded: no training is needed; compare Medusa with the "
-         "draft on the Playground tab. On the AVX2 development machine Medusa beat the draft (1.18x against 1.07x); "
-         "on the AVX-512 machine the draft was a little ahead (1.28x against 1.26x).",
+         "draft on the Playground tab. On the AVX2 development machine Medusa beat the draft "
+         f"({_AVX2['medusa']:.2f}x against {_AVX2['draft_model']:.2f}x); on the AVX-512 machine the draft was a little "
+         f"ahead ({_AVX512['draft_model']:.2f}x against {_AVX512['medusa']:.2f}x).",
          "Cai et al. 2024 (Medusa); project measurements (README)"),
     Rule("lookahead_size", "Lookahead window W and n-gram size N by model size: 7B (15, 5), 13B (10, 5), 33B and up "
          "(7, 5), with guess set size G = W.", "Fu et al. 2024, their GPU settings"),
@@ -325,8 +331,7 @@ def _cpu_notes(s: Situation, primary: str, methods: list[str], k: int | None, pa
                verify_cost=None) -> list[str]:
     """Where measurements on a CPU disagree with the rules, each naming the machine it was measured on."""
     notes = []
-    measured = verify_cost is not None and "measured on this device" in (getattr(verify_cost, "source", "") or "")
-    if measured:
+    if verify_cost is not None:  # the Theory tab's measurement (advise's contract)
         top = max(verify_cost.table)
         notes.append(f"Measured on this device (Theory tab): verifying 9 tokens costs {verify_cost(9):.2f}x and "
                      f"{top} tokens {verify_cost(top):.2f}x one single-token forward, where the rules assume a GPU "
@@ -352,14 +357,16 @@ def _cpu_notes(s: Situation, primary: str, methods: list[str], k: int | None, pa
     small = s.target_b <= 0.2
     if small:
         notes.append(f"{SPEC_BENCH_SETUP}. On {AVX512_MACHINE}: the shipped distilled draft (18.5 MB, K = 2) "
-                     "1.28x (tau 1.42, alpha 0.215) and Medusa with the shipped heads 1.26x (tau 1.65, auto tree of "
-                     f"6 nodes, depth 2). On {DEV_MACHINE}: the draft 1.07x (K = 3, confidence 0.5), Medusa 1.18x, "
+                     f"{_AVX512['draft_model']:.2f}x (tau 1.42, alpha 0.215) and Medusa with the shipped heads "
+                     f"{_AVX512['medusa']:.2f}x (tau 1.65, auto tree of 6 nodes, depth 2). On {DEV_MACHINE}: the draft "
+                     f"{_AVX2['draft_model']:.2f}x (K = 3, confidence 0.5), Medusa {_AVX2['medusa']:.2f}x, "
                      "Lookahead (2, 3, 3) 1.19x (tau 1.68) and prompt lookup 1.42x (tau 1.86). All lossless.")
         if s.cpu_isa:
-            notes.append("This CPU has " + ("AVX-512, like the machine where the draft measured 1.28x."
-                                            if s.cpu_isa == "avx512" else
+            notes.append("This CPU has " + (f"AVX-512, like the machine where the draft measured "
+                                            f"{_AVX512['draft_model']:.2f}x." if s.cpu_isa == "avx512" else
                                             "AVX2 but no AVX-512, like the development machine, where Medusa "
-                                            "(1.18x) beat the draft (1.07x) and K = 1 was a little better than K = 2."))
+                                            f"({_AVX2['medusa']:.2f}x) beat the draft ({_AVX2['draft_model']:.2f}x) "
+                                            "and K = 1 was a little better than K = 2."))
     if not small and (primary in ("lookahead", "prompt_lookup") or "prompt_lookup" in methods):
         notes.append(f"Measured on {DEV_MACHINE} with the embedded default model: prompt lookup gave 1.42x "
                      "(tau 1.86) on 24 Spec-Bench multi-turn questions (README); it costs nothing to draft, so it "
@@ -398,7 +405,8 @@ def advise(s: Situation, verify_cost=None) -> Advice:
             if s.device == "cpu" and s.cpu_isa == "avx2":
                 primary, extra = "medusa", ["draft_model"]
                 reasons.append(("loaded_medusa", "Medusa heads are loaded too, and on an AVX2-only CPU Medusa "
-                                                 "measured faster than the draft (1.18x against 1.07x): Medusa"))
+                                                 f"measured faster than the draft ({_AVX2['medusa']:.2f}x against "
+                                                 f"{_AVX2['draft_model']:.2f}x): Medusa"))
             else:
                 reasons.append(("loaded_medusa", "Medusa heads are loaded too: compare them with the draft"))
     elif s.medusa_loaded:
