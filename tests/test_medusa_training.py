@@ -73,6 +73,36 @@ def test_label_vocab_loss_matches_the_full_softmax():
         LabelVocab.from_labels(MedusaHeads(32, 64, 2, 1, share_lm_head=False), labels)
 
 
+def test_distillation_loss_against_the_teachers_top_k():
+    """KD over the stored top-k: a teacher sure of the label gives the plain cross-entropy; a
+    teacher that spreads its mass gives the cross-entropy against that renormalised distribution
+    (by hand); ``distill`` mixes the two; absent rows (IGNORE) and teacher tokens outside the label
+    vocabulary drop out; a weight outside [0, 1] is refused."""
+    model, heads = _random_trained_heads()
+    hidden = torch.randn(6, 32)
+    labels = torch.randint(0, 64, (6, 2))
+    ce = head_losses(heads, hidden, labels)
+    sure_ids = torch.stack([labels, torch.full_like(labels, IGNORE)], -1)  # (6, 2, 2): label, then absent
+    sure = (sure_ids, torch.zeros(6, 2, 2))
+    torch.testing.assert_close(head_losses(heads, hidden, labels, teacher=sure, distill=1.0), ce)
+    spread_ids = torch.stack([labels, (labels + 1) % 64], -1)
+    lp = torch.log(torch.tensor([0.6, 0.2])).expand(6, 2, 2)  # renormalised: 0.75 / 0.25
+    logp = heads(hidden).float().log_softmax(-1)
+    by_hand = -(0.75 * logp.gather(-1, spread_ids[..., :1]) + 0.25 * logp.gather(-1, spread_ids[..., 1:])).squeeze(-1)
+    kd = head_losses(heads, hidden, labels, teacher=(spread_ids, lp), distill=1.0)
+    torch.testing.assert_close(kd, by_hand.mean(0))
+    torch.testing.assert_close(head_losses(heads, hidden, labels, teacher=(spread_ids, lp), distill=0.25),
+                               0.75 * ce + 0.25 * kd)
+    torch.testing.assert_close(head_losses(heads, hidden, labels, teacher=(spread_ids, lp), distill=0.0), ce)
+    none = (torch.full((6, 2, 2), IGNORE), torch.zeros(6, 2, 2))
+    torch.testing.assert_close(head_losses(heads, hidden, labels, teacher=none, distill=1.0), ce)
+    vocab = LabelVocab.from_labels(heads, labels)
+    outside = torch.tensor([t for t in range(64) if t not in vocab.ids.tolist()][:1])
+    assert torch.equal(vocab.index(torch.cat([vocab.ids[:2], outside]), outside_ok=True)[-1], torch.tensor(IGNORE))
+    with pytest.raises(ValueError, match=r"distill must be in \[0, 1\]"):
+        head_losses(heads, hidden, labels, teacher=sure, distill=1.5)
+
+
 @pytest.mark.parametrize("label_vocab", [True, False])
 def test_short_training_run_lowers_the_loss(label_vocab):
     """40 steps on self-distilled data of a tiny model lower the weighted loss (mean of the last

@@ -76,6 +76,10 @@ def test_conversations_file_format_teacher_labels_and_resume(tokenizer, tmp_path
         from_saved = collect_features(model, [r], 2, progress=False, saved_states=[states])
         computed = collect_features(model, [r], 2, progress=False)
         assert torch.equal(from_saved.labels, computed.labels)
+        # The teacher row of head k's label is the distribution that chose it: its top-1 (greedy).
+        valid = from_saved.labels != -100
+        assert torch.equal(from_saved.teacher_ids[..., 0][valid], from_saved.labels[valid])
+        assert bool((from_saved.teacher_ids[~valid] == -100).all())
         torch.testing.assert_close(from_saved.hidden.float(), computed.hidden.float(), atol=0.05, rtol=0.02)
     # States of another target are not used.
     assert load_answer_states(out, records, "another model") == [None] * len(records)

@@ -54,10 +54,17 @@ class Features:
         hidden: ``(num_examples, hidden_size)`` the target's last hidden states (storage dtype).
         labels: ``(num_examples, num_heads)`` int64; ``labels[i, k]`` is the token head k must
             predict (``IGNORE`` past the end of the conversation).
+        teacher_ids: ``(num_examples, num_heads, top_k)`` int64 or None: the target's own top-k
+            next-token ids at the position whose token ``labels[i, k]`` is (``IGNORE`` where the
+            data stored none), for distillation (:func:`head_losses`).
+        teacher_logprobs: ``(num_examples, num_heads, top_k)`` float32 or None: their
+            log-probabilities under the target.
     """
 
     hidden: torch.Tensor
     labels: torch.Tensor
+    teacher_ids: torch.Tensor | None = None
+    teacher_logprobs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.hidden.shape[0])
@@ -70,6 +77,21 @@ def _positions(ids: list[int], prompt_len: int, num_heads: int) -> tuple[list[in
         positions.append(t)
         labels.append([ids[t + k + 2] if t + k + 2 < len(ids) else IGNORE for k in range(num_heads)])
     return positions, labels
+
+
+def _teacher(record: dict, positions: list[int], num_heads: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The stored teacher top-k (``teacher_top_ids`` / ``teacher_top_logprobs``, one row per answer
+    token) for head k at position t: the row of token t + k + 2. Returns ``(ids, logprobs)``, each
+    ``(len(positions), num_heads, top_k)`` (ids ``IGNORE`` where no row exists), or None when the
+    record stores no teacher."""
+    top_ids, top_lp = record.get("teacher_top_ids"), record.get("teacher_top_logprobs")
+    if not top_ids or not top_lp:
+        return None
+    ids, lp = torch.tensor(top_ids, dtype=torch.long), torch.tensor(top_lp, dtype=torch.float32)  # (A, top_k)
+    answer = torch.tensor(positions)[:, None] + torch.arange(num_heads)[None, :] + 2 - int(record["prompt_len"])
+    valid = (answer >= 0) & (answer < ids.shape[0])
+    rows = answer.clamp(0, ids.shape[0] - 1)
+    return (torch.where(valid[..., None], ids[rows], IGNORE), torch.where(valid[..., None], lp[rows], 0.0))
 
 
 @torch.inference_mode()
@@ -91,14 +113,19 @@ def collect_features(model, records: list[dict], num_heads: int, batch_size: int
     """
     device = next(model.parameters()).device
     saved_states = saved_states or [None] * len(records)
-    hidden_parts, label_parts = [], []
+    hidden_parts, label_parts, teacher_parts = [], [], []
+
+    def keep(record: dict, positions: list[int], labels: list[list[int]], hidden: torch.Tensor) -> None:
+        hidden_parts.append(hidden)
+        label_parts.append(torch.tensor(labels, dtype=torch.long))
+        teacher_parts.append(_teacher(record, positions, num_heads))
+
     for r, states in zip(records, saved_states):
         if states is not None:
             ids, start = list(r["input_ids"][:max_len]), int(r["prompt_len"]) - 1
             positions, labels = _positions(ids, int(r["prompt_len"]), num_heads)
             if positions:
-                hidden_parts.append(states[[t - start for t in positions]].to(storage_dtype))
-                label_parts.append(torch.tensor(labels, dtype=torch.long))
+                keep(r, positions, labels, states[[t - start for t in positions]].to(storage_dtype))
     order = sorted((i for i in range(len(records)) if saved_states[i] is None),
                    key=lambda i: len(records[i]["input_ids"]))
     bar = _bar(len(order), "features", progress)
@@ -117,13 +144,20 @@ def collect_features(model, records: list[dict], num_heads: int, batch_size: int
         for i, (s, r) in enumerate(zip(seqs, batch)):
             positions, labels = _positions(s, int(r["prompt_len"]), num_heads)
             if positions:
-                hidden_parts.append(states[i, positions].to("cpu", storage_dtype))
-                label_parts.append(torch.tensor(labels, dtype=torch.long))
+                keep(r, positions, labels, states[i, positions].to("cpu", storage_dtype))
         bar.update(len(batch))
     bar.close()
     if not hidden_parts:
         raise ValueError("no answer positions in the data: every conversation is shorter than its prompt + 3 tokens")
-    return Features(torch.cat(hidden_parts), torch.cat(label_parts))
+    features = Features(torch.cat(hidden_parts), torch.cat(label_parts))
+    widths = {t[0].shape[-1] for t in teacher_parts if t is not None}
+    if len(widths) == 1:  # every record with a teacher stores the same top-k; the others get none
+        (top_k,) = widths
+        filled = [t if t is not None else (torch.full((len(y), num_heads, top_k), IGNORE), torch.zeros(len(y), num_heads, top_k))
+                  for t, y in zip(teacher_parts, label_parts)]
+        features.teacher_ids = torch.cat([t[0] for t in filled])
+        features.teacher_logprobs = torch.cat([t[1] for t in filled])
+    return features
 
 
 @dataclass
@@ -160,34 +194,62 @@ class LabelVocab:
         return cls(ids, lm_head.weight.detach()[ids].to(dtype),
                    None if bias is None else bias.detach()[ids].to(dtype))
 
-    def index(self, labels: torch.Tensor) -> torch.Tensor:
-        """Token ids -> row indices (``IGNORE`` kept). Raises: ValueError: a label outside ``ids``."""
+    def index(self, labels: torch.Tensor, outside_ok: bool = False) -> torch.Tensor:
+        """Token ids (any shape) -> row indices (``IGNORE`` kept; with ``outside_ok`` tokens
+        outside ``ids`` become ``IGNORE`` too). Raises: ValueError: a label outside ``ids``."""
         pos = torch.searchsorted(self.ids, labels.clamp(min=0)).clamp(max=len(self.ids) - 1)
         valid = labels != IGNORE
-        if bool((self.ids[pos] != labels)[valid].any()):
+        outside = (self.ids[pos] != labels) & valid
+        if bool(outside.any()) and not outside_ok:
             raise ValueError("a label is not in the label vocabulary")
-        return torch.where(valid, pos, labels)
+        return torch.where(valid & ~outside, pos, IGNORE)
 
 
 def head_losses(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor,
-                vocab: LabelVocab | None = None) -> torch.Tensor:
-    """Per-head cross-entropy ``(num_heads,)`` of ``heads`` on ``hidden`` ``(n, hidden_size)``
-    against ``labels`` ``(n, num_heads)`` (``IGNORE`` entries skipped). With ``vocab`` the
-    softmax runs over its rows only and ``labels`` must already be row indices
-    (:meth:`LabelVocab.index`)."""
+                vocab: LabelVocab | None = None, teacher: tuple[torch.Tensor, torch.Tensor] | None = None,
+                distill: float = 0.0) -> torch.Tensor:
+    """Per-head loss ``(num_heads,)`` of ``heads`` on ``hidden`` ``(n, hidden_size)``.
+
+    The loss of head k is ``(1 - distill) * CE + distill * KD``: CE is the cross-entropy against
+    ``labels[:, k]`` (``(n, num_heads)``, ``IGNORE`` entries skipped), KD the cross-entropy
+    against the target's own distribution over its stored top-k tokens, renormalised
+    (``teacher = (ids, logprobs)``, each ``(n, num_heads, top_k)``, ids ``IGNORE`` where absent):
+    soft labels carry the target's second and third choices, which the heads' top-k candidates
+    need too (Hinton et al. 2015, "Distilling the Knowledge in a Neural Network"; Medusa's
+    self-distillation uses the teacher's distribution the same way, Cai et al. 2024). With ``vocab`` the softmax runs over
+    its rows only, and ``labels`` and the teacher's ids must already be row indices
+    (:meth:`LabelVocab.index`; teacher tokens outside it as ``IGNORE``).
+
+    Raises:
+        ValueError: shapes that do not agree, or ``distill`` outside [0, 1].
+    """
     if hidden.dim() != 2 or labels.shape != (hidden.shape[0], heads.num_heads):
         raise ValueError(f"hidden (n, hidden_size) and labels (n, {heads.num_heads}) must agree, got "
                          f"{tuple(hidden.shape)} and {tuple(labels.shape)}")
+    if not 0.0 <= distill <= 1.0:
+        raise ValueError(f"distill must be in [0, 1], got {distill}")
     if vocab is None:
         logits = heads(hidden)  # (n, num_heads, vocab)
     else:
         logits = torch.nn.functional.linear(heads.residual(hidden), vocab.weight, vocab.bias)  # (n, heads, m)
+    logp = logits.float().log_softmax(-1)
+    use_teacher = teacher is not None and distill > 0.0
+    if use_teacher:
+        t_ids, t_lp = teacher
+        present = t_ids != IGNORE
+        q = t_lp.masked_fill(~present, float("-inf")).softmax(-1).nan_to_num(0.0)  # rows without a teacher: 0
+        kd_rows = -(q * logp.gather(-1, t_ids.clamp(min=0))).sum(-1)  # (n, num_heads)
+        has_teacher = present.any(-1)
     losses = []
     for k in range(heads.num_heads):
-        if bool((labels[:, k] != IGNORE).any()):
-            losses.append(torch.nn.functional.cross_entropy(logits[:, k].float(), labels[:, k], ignore_index=IGNORE))
-        else:
+        valid = labels[:, k] != IGNORE
+        if not bool(valid.any()):
             losses.append(logits.sum() * 0.0)
+            continue
+        loss = torch.nn.functional.nll_loss(logp[:, k], labels[:, k], ignore_index=IGNORE)
+        if use_teacher and bool(has_teacher[:, k].any()):
+            loss = (1.0 - distill) * loss + distill * kd_rows[has_teacher[:, k], k].mean()
+        losses.append(loss)
     return torch.stack(losses)
 
 
@@ -229,13 +291,15 @@ def evaluate(heads: MedusaHeads, features: Features, batch_size: int = 256,
 
 def train_heads(heads: MedusaHeads, features: Features, *, epochs: float = 1.0, max_steps: int | None = None,
                 batch_size: int = 64, lr: float = 1e-3, weight_decay: float = 0.0, warmup: float = 0.05,
-                seed: int = 0, progress: bool = True, label_vocab: bool = True) -> list[float]:
+                seed: int = 0, progress: bool = True, label_vocab: bool = True, distill: float = 0.0) -> list[float]:
     """Train ``heads`` (its parameters only) on cached features; return the loss of every step.
 
-    Steps: shuffle (seeded), batches of ``batch_size`` positions, loss = :func:`weighted_loss`,
-    AdamW with a linear warm-up over ``warmup`` of the steps and cosine decay to 0. With
-    ``label_vocab`` (and heads sharing the base ``lm_head``) the softmax runs over the tokens
-    that occur as labels (:class:`LabelVocab`); the loss values are then over those rows.
+    Steps: shuffle (seeded), batches of ``batch_size`` positions, loss = :func:`weighted_loss`
+    of :func:`head_losses` (with ``distill`` > 0 and features that carry the target's top-k,
+    partly against the target's soft distribution), AdamW with a linear warm-up over ``warmup``
+    of the steps and cosine decay to 0. With ``label_vocab`` (and heads sharing the base
+    ``lm_head``) the softmax runs over the tokens that occur as labels (:class:`LabelVocab`;
+    teacher tokens outside them are dropped); the loss values are then over those rows.
     """
     g = torch.Generator().manual_seed(seed)
     steps_per_epoch = max(1, math.ceil(len(features) / batch_size))
@@ -246,11 +310,14 @@ def train_heads(heads: MedusaHeads, features: Features, *, epochs: float = 1.0, 
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm))))
     param_dtype = params[0].dtype
-    vocab, labels = None, features.labels
+    vocab, labels, teacher_ids = None, features.labels, features.teacher_ids
     shared = heads.share_lm_head and heads._lm_head and getattr(heads._lm_head[0], "weight", None) is not None
     if label_vocab and shared:
         vocab = LabelVocab.from_labels(heads, features.labels)
         labels = vocab.index(features.labels)
+        if teacher_ids is not None:
+            teacher_ids = vocab.index(teacher_ids, outside_ok=True)
+    use_teacher = distill > 0.0 and teacher_ids is not None
     heads.train()
     history: list[float] = []
     bar = _bar(total, "train", progress)
@@ -261,7 +328,8 @@ def train_heads(heads: MedusaHeads, features: Features, *, epochs: float = 1.0, 
             order, cursor = torch.randperm(len(features), generator=g), 0
         idx = order[cursor:cursor + batch_size]
         cursor += batch_size
-        losses = head_losses(heads, features.hidden[idx].to(param_dtype), labels[idx], vocab)
+        teacher = (teacher_ids[idx], features.teacher_logprobs[idx]) if use_teacher else None
+        losses = head_losses(heads, features.hidden[idx].to(param_dtype), labels[idx], vocab, teacher, distill)
         loss = weighted_loss(losses)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -357,6 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-steps", type=int, help="stop after this many steps (overrides --epochs)")
     ap.add_argument("--batch-size", type=int, default=64, help="positions per training step")
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--distill", type=float, default=0.0,
+                    help="weight in [0, 1] of the loss against the target's own top-k distribution stored with "
+                         "the data (python -m playground.training.data --teacher-top-k); the rest is against "
+                         "the generated token")
     ap.add_argument("--share-lm-head", action=argparse.BooleanOptionalAction, default=True,
                     help="end every head in the target's frozen lm_head (small checkpoint)")
     ap.add_argument("--label-vocab", action=argparse.BooleanOptionalAction, default=True,
@@ -442,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     before, _ = evaluate(heads, held)
     t1 = time.perf_counter()
     history = train_heads(heads, train, epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
-                          lr=args.lr, seed=args.seed, progress=progress, label_vocab=args.label_vocab)
+                          lr=args.lr, seed=args.seed, progress=progress, label_vocab=args.label_vocab,
+                          distill=args.distill)
     t_train = time.perf_counter() - t1
     if args.label_vocab and args.share_lm_head:
         # Propose from the tokens the heads learned to rank (a cheaper head at decoding time);
