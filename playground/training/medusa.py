@@ -266,13 +266,13 @@ def evaluate(heads: MedusaHeads, features: Features, batch_size: int = 256,
 
     With a proposal vocabulary a label outside it counts as a miss in the accuracy and is left
     out of the loss (its logit is -inf)."""
-    hits = torch.zeros(heads.num_heads, top_k)
-    counts = torch.zeros(heads.num_heads)
-    loss_sum, loss_counts = torch.zeros(heads.num_heads), torch.zeros(heads.num_heads)
-    param_dtype = next(heads.parameters()).dtype
+    param = next(heads.parameters())
+    hits = torch.zeros(heads.num_heads, top_k, device=param.device)
+    counts = torch.zeros(heads.num_heads, device=param.device)
+    loss_sum, loss_counts = torch.zeros_like(counts), torch.zeros_like(counts)
     for start in range(0, len(features), batch_size):
-        h = features.hidden[start:start + batch_size].to(param_dtype)
-        y = features.labels[start:start + batch_size]
+        h = features.hidden[start:start + batch_size].to(param.device, param.dtype)
+        y = features.labels[start:start + batch_size].to(param.device)
         logits = heads(h).float()  # (n, num_heads, vocab)
         top = torch.topk(logits, top_k, dim=-1).indices  # (n, num_heads, top_k)
         valid = y != IGNORE
@@ -309,7 +309,7 @@ def train_heads(heads: MedusaHeads, features: Features, *, epochs: float = 1.0, 
     warm = max(1, int(warmup * total))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm))))
-    param_dtype = params[0].dtype
+    device, param_dtype = params[0].device, params[0].dtype
     vocab, labels, teacher_ids = None, features.labels, features.teacher_ids
     shared = heads.share_lm_head and heads._lm_head and getattr(heads._lm_head[0], "weight", None) is not None
     if label_vocab and shared:
@@ -328,8 +328,9 @@ def train_heads(heads: MedusaHeads, features: Features, *, epochs: float = 1.0, 
             order, cursor = torch.randperm(len(features), generator=g), 0
         idx = order[cursor:cursor + batch_size]
         cursor += batch_size
-        teacher = (teacher_ids[idx], features.teacher_logprobs[idx]) if use_teacher else None
-        losses = head_losses(heads, features.hidden[idx].to(param_dtype), labels[idx], vocab, teacher, distill)
+        teacher = (teacher_ids[idx].to(device), features.teacher_logprobs[idx].to(device)) if use_teacher else None
+        losses = head_losses(heads, features.hidden[idx].to(device, param_dtype), labels[idx].to(device), vocab,
+                             teacher, distill)
         loss = weighted_loss(losses)
         opt.zero_grad(set_to_none=True)
         loss.backward()
