@@ -4,7 +4,8 @@ Source: Cai et al. 2024, "Medusa", section 2.2.1 (Medusa-1) and 3.3 (self-distil
 target stays frozen; only the heads learn. Head k (0-based) on the last hidden state at position
 t is trained with cross-entropy against the token at t + k + 2, the losses weighted by
 ``0.8 ** k`` (later heads are harder and matter less, since they are only reached when the
-earlier ones were accepted).
+earlier ones were accepted). ``--distill W`` mixes in, with weight W, the cross-entropy against
+the target's own top-k distribution for that token, stored by the data generator.
 
 Steps:
 1. Read conversations (JSONL records with ``input_ids`` and ``prompt_len``, as written by
