@@ -24,6 +24,11 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# Make `import playground` work from any folder with .venv/bin/python (a .pth file naming this
+# checkout; nothing is copied, so edits take effect at once).
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+pwd > "$site/speculative-decoding-playground.pth"
+
 if [ "${1:-}" = "--browser" ] && ! command -v chromium >/dev/null 2>&1; then
   echo "[setup] installing Debian's chromium for the browser tests"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

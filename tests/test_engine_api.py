@@ -97,6 +97,26 @@ def test_empty_and_too_long_prompts_are_rejected(engine, models):
         byte_engine.encode_prompt("x" * 20)
 
 
+def test_prompt_ids_that_are_not_token_ids_are_rejected(engine):
+    """Text instead of ids raises TypeError pointing at encode_prompt; an id outside the
+    target's vocabulary raises ValueError naming it (not an IndexError from the embedding),
+    in Engine.run and Engine.run_one alike; a tensor of ids is accepted."""
+    settings = GenerationSettings(max_new_tokens=4)
+    calls = _count_forwards(engine.target.model)
+    for run in (lambda ids: engine.run(ids, [MethodSpec("autoregressive")], settings),
+                lambda ids: engine.run_one(ids, MethodSpec("autoregressive"), settings)):
+        with pytest.raises(TypeError, match="encode text with Engine.encode_prompt first"):
+            next(run("Hello"))
+        with pytest.raises(TypeError, match="list of integer token ids"):
+            next(run([1.5, 2]))
+        with pytest.raises(ValueError, match="token id 1000000 is outside the target's vocabulary of 64 tokens"):
+            next(run([1, 10**6]))
+        with pytest.raises(ValueError, match="outside the target's vocabulary"):
+            next(run([-1]))
+    assert calls[0] == 0
+    assert next(engine.run(torch.tensor(PROMPT), [MethodSpec("autoregressive")], settings)).tokens
+
+
 class _PlainTokenizer(ByteTokenizer):
     """ByteTokenizer with the call interface encode_prompt uses for plain (templateless) text."""
 

@@ -105,6 +105,8 @@ def test_offline_mode_fails_with_clear_message(monkeypatch):
 
 @pytest.mark.parametrize("spec, message", [
     ("/no/such/folder", "no such folder"),
+    ("", "no model given"),
+    ("  ", "no model given"),
     ("./missing-model", "no such folder"),
     ("/no/such/model.gguf", "no such GGUF file"),
     ("bad id!", "not a local path nor a valid"),

@@ -397,9 +397,37 @@ class Engine:
         return ids
 
     # ----- runs ----------------------------------------------------------------------
+    def check_prompt_ids(self, prompt_ids) -> list[int]:
+        """``prompt_ids`` as a list of ints, checked against the target's vocabulary.
+
+        Raises:
+            TypeError: text or anything but a sequence of integer token ids (encode text with
+                :meth:`encode_prompt` first).
+            ValueError: an empty prompt, or an id outside ``[0, vocab_size)``.
+        """
+        if isinstance(prompt_ids, torch.Tensor):
+            prompt_ids = prompt_ids.reshape(-1).tolist()
+        if isinstance(prompt_ids, (str, bytes)) or not all(isinstance(t, int) for t in prompt_ids):
+            raise TypeError("prompt_ids must be a list of integer token ids: encode text with "
+                            "Engine.encode_prompt first")
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise ValueError("the prompt is empty: type something to generate from")
+        vocab = self.target.model.get_input_embeddings().num_embeddings
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the target's vocabulary of {vocab} tokens")
+        return ids
+
     def run_one(self, prompt_ids: list[int], spec: MethodSpec, settings: GenerationSettings,
                 cancel: threading.Event | None = None) -> Iterator[StepEvent]:
-        """Events of one method on one prompt (each step holds the engine's lock)."""
+        """Events of one method on one prompt (each step holds the engine's lock).
+
+        Raises:
+            TypeError, ValueError: bad ``prompt_ids`` (:meth:`check_prompt_ids`) or bad knobs;
+                raised before any step runs.
+        """
+        prompt_ids = self.check_prompt_ids(prompt_ids)
         drafter = self.make_drafter(spec)
         gen = decode(self.target_lm, drafter, prompt_ids, settings, eos_token_ids=self.target.eos_token_ids,
                      tokenizer=self.target.tokenizer, context_length=self.target.context_length,
@@ -425,16 +453,17 @@ class Engine:
             Each method's :class:`StepEvent` in turn until all have finished.
 
         Raises:
-            ValueError: no method, duplicate methods, bad knobs, an unavailable method, or
-                a prompt that does not fit the context; raised before any step runs.
+            ValueError: no method, duplicate methods, bad knobs, an unavailable method, an
+                empty prompt, a token id outside the vocabulary, or a prompt that does not fit
+                the context; raised before any step runs.
+            TypeError: ``prompt_ids`` is not a sequence of integer ids (e.g. text).
         """
         if not specs:
             raise ValueError("choose at least one method")
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"each method can run once per comparison, got {names}")
-        if not prompt_ids:
-            raise ValueError("the prompt is empty: type something to generate from")
+        prompt_ids = self.check_prompt_ids(prompt_ids)
         ctx = self.target.context_length
         if len(prompt_ids) + settings.max_new_tokens > ctx:
             raise ValueError(f"the prompt is {len(prompt_ids)} tokens; with max_new_tokens={settings.max_new_tokens} "

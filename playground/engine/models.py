@@ -276,6 +276,8 @@ def load_model(spec: str, device: str | torch.device = "auto", dtype: str | torc
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if not str(spec).strip():
+        raise ModelLoadError("no model given: name a hub id, a checkpoint folder, a .gguf file or 'default'")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
 
