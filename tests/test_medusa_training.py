@@ -201,3 +201,60 @@ def test_command_line_init_fine_tunes_saved_heads(tmp_path, monkeypatch):
     assert set(json.loads((tmp_path / "a" / "config.json").read_text())["proposal_vocab"]) <= set(config["proposal_vocab"])
     assert trainer.main(common + ["--out", str(tmp_path / "c"), "--max-steps", "1", "--heads", "1",
                                   "--init", str(tmp_path / "a")]) == 2
+
+
+def _no_model(*args, **kwargs):
+    raise AssertionError("the target must not load")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--heads", "0"], "argument --heads: must be in [1, 16], got 0"),
+    (["--heads", "17"], "argument --heads: must be in [1, 16], got 17"),
+    (["--layers", "0"], "argument --layers: must be at least 1, got 0"),
+    (["--lr", "-1"], "argument --lr: must be > 0, got -1"),
+    (["--lr", "nan"], "argument --lr: must be a finite number, got nan"),
+    (["--distill", "2"], "argument --distill: must be in [0, 1], got 2"),
+    (["--max-steps", "0"], "argument --max-steps: must be at least 1, got 0"),
+    (["--epochs", "0"], "argument --epochs: must be > 0, got 0"),
+    (["--batch-size", "0"], "argument --batch-size: must be at least 1, got 0"),
+    (["--held-out", "0"], "argument --held-out: must be in (0, 1), got 0"),
+    (["--held-out", "1"], "argument --held-out: must be in (0, 1), got 1"),
+    (["--max-conversations", "0"], "argument --max-conversations: must be at least 1, got 0"),
+    (["--heads", "two"], "argument --heads: must be an integer, got 'two'"),
+])
+def test_command_line_refuses_bad_numbers_before_loading(tmp_path, monkeypatch, capsys, argv, message):
+    """Every number is checked by the parser: status 2 and argparse's error line, no target loaded,
+    nothing saved (``--max-steps 0`` used to save untrained identity heads)."""
+    from playground.training import medusa as trainer
+
+    monkeypatch.setattr("playground.engine.models.load_model", _no_model)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": [1, 2, 3, 4, 5], "prompt_len": 2}) + "\n" for _ in range(4)))
+    assert trainer.main(["--data", str(data), "--out", str(tmp_path / "heads")] + argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "error:" in err and "Traceback" not in err
+    assert not (tmp_path / "heads").exists()
+
+
+def test_command_line_refuses_an_out_that_is_a_file(tmp_path, monkeypatch, capsys):
+    from playground.training import medusa as trainer
+
+    monkeypatch.setattr("playground.engine.models.load_model", _no_model)
+    out = tmp_path / "heads.safetensors"
+    out.write_text("not a folder")
+    assert trainer.main(["--data", str(tmp_path / "missing.jsonl"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {str(out)!r} is a file") and err.count("\n") == 1
+    assert out.read_text() == "not a folder"
+
+
+def test_help_shows_every_option_with_its_default(capsys):
+    from playground.training import medusa as trainer
+
+    assert all(a.help for a in trainer.build_parser()._actions)
+    assert trainer.main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for text in ("--epochs EPOCHS passes over", "(default: 1.0)", "(default: 0.001)", "(default: 64)",
+                 "(default: 0.05)", "(default: auto)", "(default: 0)", "number of heads, 1 to 16"):
+        assert text in out, text
+    assert "(default: None)" not in out and "(default: False)" not in out

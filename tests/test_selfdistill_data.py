@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from helpers import tiny_llama
+from helpers import FakeLoaded, tiny_llama
 from playground.training.data import (FOLLOW_UP_OPENERS, SYSTEM_PROMPTS, USER_OPENERS, generate_conversations,
                                       load_answer_states, load_records, load_states_for, magpie_prefix,
                                       split_records)
@@ -153,3 +153,154 @@ def test_several_data_files_load_in_order_with_their_states(tokenizer, tmp_path,
 def test_turns_must_be_positive(tokenizer, tmp_path):
     with pytest.raises(ValueError, match="turns must be at least 1"):
         generate_conversations(tiny_llama(0), tokenizer, tmp_path / "x.jsonl", 1, turns=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Command line: bad input is refused before the model loads, with one error line and status 2
+# --------------------------------------------------------------------------------------------
+
+
+def _no_model(*args, **kwargs):
+    raise AssertionError("the model must not load")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num", "0"], "argument --num: must be at least 1, got 0"),
+    (["--turns", "0"], "argument --turns: must be at least 1, got 0"),
+    (["--batch-size", "0"], "argument --batch-size: must be at least 1, got 0"),
+    (["--answer-tokens", "0"], "argument --answer-tokens: must be at least 1, got 0"),
+    (["--question-tokens", "0"], "argument --question-tokens: must be at least 13, got 0"),
+    (["--question-tokens", "2"], "at least 12 characters and ends with the end-of-turn token"),
+    (["--num", "many"], "argument --num: must be an integer, got 'many'"),
+    (["--teacher-top-k", "-1"], "argument --teacher-top-k: must be at least 0, got -1"),
+])
+def test_command_line_refuses_bad_numbers_before_loading(tmp_path, monkeypatch, capsys, argv, message):
+    from playground.training import data
+
+    monkeypatch.setattr("playground.engine.models.load_model", _no_model)
+    assert data.main(["--out", str(tmp_path / "c.jsonl")] + argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "error:" in err and "Traceback" not in err
+    assert not (tmp_path / "c.jsonl").exists()
+
+
+def test_question_token_minimum_follows_the_request_rule():
+    from playground.training.data import MIN_QUESTION_TOKENS, MIN_REQUEST_CHARS
+
+    assert MIN_QUESTION_TOKENS == MIN_REQUEST_CHARS + 1  # one-character tokens plus the end-of-turn token
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(batch_size=0), "batch_size must be at least 1"), (dict(answer_tokens=0), "answer_tokens must be at least 1"),
+    (dict(question_tokens=12), "question_tokens must be at least 13, got 12"),
+    (dict(max_empty_batches=0), "max_empty_batches must be at least 1"),
+])
+def test_generate_conversations_refuses_bad_sizes(tmp_path, kwargs, message):
+    """Checked before the model or tokenizer is used."""
+    with pytest.raises(ValueError, match=message):
+        generate_conversations(None, None, tmp_path / "x.jsonl", 1, **kwargs)
+
+
+def test_command_line_refuses_an_out_file_that_is_not_conversations(tmp_path, monkeypatch, capsys):
+    """A benchmark question file (or a folder) named as --out: a message, the file untouched, no model loaded."""
+    from playground.training import data
+
+    monkeypatch.setattr("playground.engine.models.load_model", _no_model)
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(json.dumps({"question_id": 81, "category": "writing", "turns": ["Compose a blog"]}) + "\n")
+    before = questions.read_text()
+    assert data.main(["--out", str(questions)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out: ") and "is not a conversations file written by playground.training.data" in err
+    assert "line 1" in err and "Traceback" not in err and questions.read_text() == before
+    with pytest.raises(ValueError, match="not a conversations file"):
+        generate_conversations(None, None, questions, 1)
+    assert data.main(["--out", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
+
+
+def test_command_line_reports_a_target_that_does_not_load(tmp_path, monkeypatch, capsys):
+    from playground.engine.models import ModelLoadError
+    from playground.training import data
+
+    def fail(spec, **kwargs):
+        raise ModelLoadError(f"could not load model {spec!r}: not found locally")
+
+    monkeypatch.setattr("playground.engine.models.load_model", fail)
+    assert data.main(["--out", str(tmp_path / "c.jsonl"), "--target", "nope/nope"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: could not load model 'nope/nope': not found locally\n"
+
+
+def test_help_shows_every_option_with_its_default(capsys):
+    from playground.training import data
+
+    parser = data.build_parser()
+    assert all(a.help for a in parser._actions)
+    assert data.main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for text in ("--num NUM records wanted", "(default: 2000)", "(default: 32)", "(default: 64)", "(default: 192)",
+                 "(default: auto)", "(default: 0)", "(default: 8)", "(default: True)", "at least 13"):
+        assert text in out, text
+    assert "USER_OPENERS" not in out and "(default: None)" not in out and "(default: False)" not in out
+
+
+def _never_ending_requests(monkeypatch):
+    """``_generate`` whose user turns never reach the end-of-turn token (as with a too small budget)."""
+    from playground.training import data
+
+    calls = []
+
+    def fake(model, tokenizer, texts, max_new_tokens, *args, **kwargs):
+        calls.append(len(texts))
+        return [[tokenizer.encode(" word", add_special_tokens=False)[0]] * max_new_tokens for _ in texts], [], []
+
+    monkeypatch.setattr(data, "_generate", fake)
+    return calls
+
+
+def test_generation_stops_when_no_request_ever_qualifies(tokenizer, tmp_path, monkeypatch):
+    """Every batch logs progress, also one that made no record; after ``max_empty_batches`` such
+    batches in a row the run stops with a message that says what to change."""
+    from playground.training.data import NoRecordsError
+
+    calls = _never_ending_requests(monkeypatch)
+    logs = []
+    with pytest.raises(NoRecordsError, match=r"3 batches in a row \(6 user requests\) produced no record.*"
+                                             r"raise --question-tokens"):
+        generate_conversations(None, tokenizer, tmp_path / "c.jsonl", 1, batch_size=2, question_tokens=13,
+                               answer_tokens=8, max_empty_batches=3, log=logs.append)
+    assert calls == [2, 2, 2] and len(logs) == 3
+    assert all(line.startswith("[data] 0/1 records; batch ") for line in logs)
+    assert "(3 such batches in a row)" in logs[-1]
+
+
+def test_command_line_reports_a_run_that_makes_no_record(tokenizer, tmp_path, monkeypatch, capsys):
+    from playground.training import data
+
+    class _Loaded(FakeLoaded):
+        spec = "tiny"
+
+    _never_ending_requests(monkeypatch)
+    monkeypatch.setattr("playground.engine.models.load_model",
+                        lambda *a, **k: _Loaded(torch.nn.Identity(), tokenizer, eos_token_ids=(tokenizer.eos_token_id,)))
+    rc = data.main(["--out", str(tmp_path / "c.jsonl"), "--question-tokens", "13", "--answer-tokens", "8",
+                    "--batch-size", "2", "--num", "1"])
+    assert rc == 2
+    captured = capsys.readouterr()
+    assert captured.out.count("no new request of 12+ characters ended within 13 tokens") == data.MAX_EMPTY_BATCHES
+    assert captured.err.startswith(f"error: {data.MAX_EMPTY_BATCHES} batches in a row")
+    assert captured.err.count("\n") == 1
+
+
+def test_draft_trainer_help_describes_every_option(capsys):
+    from playground.training import draft
+
+    with pytest.raises(SystemExit) as exit_:
+        draft.main(["--help"])
+    assert exit_.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for text in ("--hidden HIDDEN draft hidden size", "(default: 384)", "--lr LR peak AdamW", "(default: 0.003)",
+                 "--seed SEED random seed"):
+        assert text in out, text
+    assert "(default: None)" not in out and "(default: False)" not in out

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import time
@@ -91,6 +92,64 @@ assistant's previous answer."""
 
 QUESTION_TOP_K = 100
 """User turns (and answers with ``--sample-answers``) are sampled at temperature 1 from the top-k tokens."""
+
+MIN_REQUEST_CHARS = 12
+"""A user turn is kept only when its text has at least this many characters (shorter ones are
+greetings and fragments) and the model ended it with an end-of-turn token within the budget."""
+
+MIN_QUESTION_TOKENS = MIN_REQUEST_CHARS + 1
+"""Smallest ``question_tokens`` accepted: room for a request of :data:`MIN_REQUEST_CHARS`
+characters when every token is one character, plus its end-of-turn token. A smaller budget can
+only succeed through tokens of several characters and, in practice, makes no request at all."""
+
+QUESTION_TOKENS_RULE = (f"a user request counts only when it has at least {MIN_REQUEST_CHARS} characters and ends with "
+                        f"the end-of-turn token within the budget, which needs room for {MIN_REQUEST_CHARS} "
+                        f"one-character tokens plus that token")
+"""Why :data:`MIN_QUESTION_TOKENS` is the minimum, for error messages."""
+
+MAX_EMPTY_BATCHES = 10
+"""Consecutive batches without a single record after which :func:`generate_conversations` gives up."""
+
+
+class NoRecordsError(RuntimeError):
+    """Many batches in a row produced no record: no user turn finished within the budget (or every
+    one repeated an earlier request). The message says which settings to change."""
+
+
+def read_conversations_file(path: Path) -> tuple[set[str], int, int]:
+    """Scan an existing output file of :func:`generate_conversations` (for resuming).
+
+    Returns:
+        ``(questions, records, last_batch)``: the requests already answered, the number of
+        records, and the highest batch number (-1 when none is stored). A missing file gives
+        ``(set(), 0, -1)``.
+
+    Raises:
+        ValueError: a line is not a JSON record with ``question``, ``input_ids`` and
+            ``prompt_len`` (the file was not written by this generator).
+        OSError: the file cannot be read (e.g. it is a folder).
+    """
+    seen: set[str] = set()
+    have, last_batch = 0, -1
+    if not path.exists():
+        return seen, have, last_batch
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict) or not {"question", "input_ids", "prompt_len"} <= record.keys():
+            raise ValueError(f"{path} is not a conversations file written by playground.training.data: line {n} "
+                             f"is not a record with question, input_ids and prompt_len")
+        seen.add(record["question"])
+        try:
+            last_batch = max(last_batch, int(record.get("batch", -1)))
+        except (TypeError, ValueError):
+            raise ValueError(f"{path}:{n}: batch must be an integer, got {record['batch']!r}") from None
+        have += 1
+    return seen, have, last_batch
 
 
 def magpie_prefix(tokenizer, system: str | None, history: list[dict] | None = None) -> str:
@@ -164,7 +223,7 @@ def generate_conversations(model, tokenizer, out_path: Path, num: int, *, batch_
                            question_tokens: int = 64, answer_tokens: int = 192, greedy_answers: bool = True,
                            seed: int = 0, stop_ids: list[int] | None = None, teacher_top_k: int = 8,
                            keep_states: bool = False, target_name: str = "", turns: int = 1,
-                           openers: bool = False, log=print) -> int:
+                           openers: bool = False, max_empty_batches: int = MAX_EMPTY_BATCHES, log=print) -> int:
     """Append self-generated conversations to ``out_path`` until it holds ``num`` records.
 
     Args:
@@ -173,7 +232,10 @@ def generate_conversations(model, tokenizer, out_path: Path, num: int, *, batch_
         out_path: JSON Lines file (created, or resumed when it already has lines).
         num: records wanted in the file (a conversation of ``turns`` turns writes up to ``turns``).
         batch_size: rows per ``generate`` call.
-        question_tokens / answer_tokens: length caps, in tokens, per turn.
+        question_tokens / answer_tokens: length caps, in tokens, per turn. A user turn counts only
+            when the model ends it within ``question_tokens`` and it has at least
+            :data:`MIN_REQUEST_CHARS` characters; so ``question_tokens`` must be at least
+            :data:`MIN_QUESTION_TOKENS`.
         greedy_answers: answer greedily (default) or by sampling at temperature 1.
         seed: base seed; batch ``b`` uses ``seed + b``, so a resumed run continues the sequence.
         stop_ids: end-of-turn ids (default: the tokenizer's eos id).
@@ -194,32 +256,32 @@ def generate_conversations(model, tokenizer, out_path: Path, num: int, *, batch_
             without a system message (the template's default system prompt, as the playground
             chats), the Magpie system prompt only steering the requests. Default off: the
             request is all the model's, and the answer sees the same system prompt.
-        log: progress printer.
+        max_empty_batches: give up after this many consecutive batches that write no record.
+        log: progress printer, called after every batch (also one that wrote nothing).
 
     Returns:
         The number of records in the file at the end.
 
     Raises:
-        ValueError: no chat template, ``num`` < 1 or ``turns`` < 1.
+        ValueError: no chat template, ``num``, ``turns``, ``batch_size``, ``answer_tokens`` or
+            ``max_empty_batches`` below 1, ``question_tokens`` below :data:`MIN_QUESTION_TOKENS`,
+            or ``out_path`` holds lines that are not this generator's records
+            (:func:`read_conversations_file`).
+        NoRecordsError: ``max_empty_batches`` batches in a row wrote no record.
     """
-    if num < 1:
-        raise ValueError(f"num must be at least 1, got {num}")
-    if turns < 1:
-        raise ValueError(f"turns must be at least 1, got {turns}")
+    for name, value in (("num", num), ("turns", turns), ("batch_size", batch_size), ("answer_tokens", answer_tokens),
+                        ("max_empty_batches", max_empty_batches)):
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    if question_tokens < MIN_QUESTION_TOKENS:
+        raise ValueError(f"question_tokens must be at least {MIN_QUESTION_TOKENS}, got {question_tokens}: "
+                         f"{QUESTION_TOKENS_RULE}")
+    seen, have, last_batch = read_conversations_file(out_path)
     stop_ids = stop_ids or [tokenizer.eos_token_id]
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    seen: set[str] = set()
-    have, last_batch = 0, -1
-    if out_path.exists():
-        for line in out_path.read_text().splitlines():
-            if line.strip():
-                record = json.loads(line)
-                seen.add(record["question"])
-                last_batch = max(last_batch, int(record.get("batch", -1)))
-                have += 1
-    start, made_tokens = time.perf_counter(), 0
+    start, made_tokens, empty = time.perf_counter(), 0, 0
 
     def user_turn(prefixes: list[str], starts: list[str], seed_: int) -> list[str | None]:
         """The target's continuation of each user turn; None where it did not finish the turn."""
@@ -229,7 +291,7 @@ def generate_conversations(model, tokenizer, out_path: Path, num: int, *, batch_
         for o, row in zip(starts, ids):
             # No space after the opener: the model's own next token carries it.
             q = (o + tokenizer.decode([t for t in row if t not in stop_ids], skip_special_tokens=True)).strip()
-            texts.append(q if row and row[-1] in stop_ids and len(q) >= 12 else None)
+            texts.append(q if row and row[-1] in stop_ids and len(q) >= MIN_REQUEST_CHARS else None)
         return texts
 
     # Resume after the last batch written (files without batch numbers: an estimate; batches
@@ -248,7 +310,17 @@ def generate_conversations(model, tokenizer, out_path: Path, num: int, *, batch_
                 convs.append((len(convs), s, None if openers else s, [{"role": "user", "content": q}]))
         if not convs:
             batch_index += 1
+            empty += 1
+            log(f"[data] {have}/{num} records; batch {batch_index - 1}: no new request of {MIN_REQUEST_CHARS}+ "
+                f"characters ended within {question_tokens} tokens ({empty} such batches in a row)")
+            if empty >= max_empty_batches:
+                raise NoRecordsError(
+                    f"{empty} batches in a row ({empty * batch_size} user requests) produced no record: no request "
+                    f"ended with the end-of-turn token within {question_tokens} tokens with at least "
+                    f"{MIN_REQUEST_CHARS} characters, or each repeated an earlier one; raise --question-tokens "
+                    f"(or check that the target ends its turns with its end-of-turn token)")
             continue
+        empty = 0
         records, states_out = [], {}
         for turn in range(turns):
             if turn > 0:  # the model writes each conversation's next user message
@@ -387,37 +459,115 @@ def split_records(records: list, held_out: float = 0.05, seed: int = 0) -> tuple
     return ([r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held])
 
 
-def main(argv: list[str] | None = None) -> int:
-    from playground.engine.models import load_model
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each option's default, except where there is none (None) or it is a flag's off state."""
 
-    p = argparse.ArgumentParser(prog="python -m playground.training.data", description=__doc__.split("\n\n")[0])
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def int_at_least(minimum: int, why: str = "", maximum: int | None = None):
+    """An argparse ``type``: an integer >= ``minimum`` (and <= ``maximum`` when given); ``why``, when
+    given, follows the complaint about a value below ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if maximum is not None and not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be in [{minimum}, {maximum}], got {value}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}" + (f": {why}" if why else ""))
+        return value
+    return parse
+
+
+def float_in(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False):
+    """An argparse ``type``: a finite number in the interval from ``low`` to ``high``, each end
+    included unless ``low_open`` / ``high_open`` (e.g. ``float_in(0, 1, low_open=True, high_open=True)``: (0, 1))."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if not ((value > low if low_open else value >= low) and (value < high if high_open else value <= high)):
+            if high == math.inf:
+                raise argparse.ArgumentTypeError(f"must be {'>' if low_open else '>='} {low:g}, got {text}")
+            interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+            raise argparse.ArgumentTypeError(f"must be in {interval}, got {text}")
+        return value
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; every number is checked here, so bad values stop before the model loads."""
+    positive = int_at_least(1)
+    p = argparse.ArgumentParser(prog="python -m playground.training.data", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
     p.add_argument("--target", default="default", help="target model: default, hub id, folder or .gguf")
-    p.add_argument("--out", required=True, type=Path, help="JSON Lines file to write (resumed when it exists)")
-    p.add_argument("--num", type=int, default=2000, help="records wanted (one per answered turn)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--question-tokens", type=int, default=64)
-    p.add_argument("--answer-tokens", type=int, default=192)
+    p.add_argument("--out", required=True, type=Path,
+                   help="JSON Lines file to write (an existing one written by this command is resumed)")
+    p.add_argument("--num", type=positive, default=2000, help="records wanted in the file (one per answered turn)")
+    p.add_argument("--batch-size", type=positive, default=32, help="conversations generated together per batch")
+    p.add_argument("--question-tokens", type=int_at_least(MIN_QUESTION_TOKENS, QUESTION_TOKENS_RULE), default=64,
+                   help=f"most tokens of a user request (at least {MIN_QUESTION_TOKENS}); requests the target does "
+                        "not end within it are dropped")
+    p.add_argument("--answer-tokens", type=positive, default=192,
+                   help="most tokens of an answer (longer answers are cut)")
     p.add_argument("--sample-answers", action="store_true", help="sample answers at temperature 1 (default greedy)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--teacher-top-k", type=int, default=8, help="store the target's top-k at answer positions")
+    p.add_argument("--seed", type=int, default=0, help="base random seed (batch b uses seed + b)")
+    p.add_argument("--teacher-top-k", type=int_at_least(0), default=8,
+                   help="store the target's top-k at answer positions (0: none)")
     p.add_argument("--keep-states", action=argparse.BooleanOptionalAction, default=True,
                    help="save the target's last hidden states at answer positions for the Medusa trainer "
                         "(about 1.2 KB a token, in OUT.states/)")
-    p.add_argument("--turns", type=int, default=1, help="user turns per conversation (each is a record)")
+    p.add_argument("--turns", type=positive, default=1, help="user turns per conversation (each is a record)")
     p.add_argument("--openers", action="store_true",
-                   help="start user turns with generic instruction words and answer with the template's default "
-                        "system prompt (see USER_OPENERS)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    args = p.parse_args(argv)
-    loaded = load_model(args.target, device=args.device, dtype=args.dtype)
+                   help="start user turns with generic instruction words (Write, Solve, Explain, ...; Now, Rewrite, "
+                        "... for follow-ups) that the target continues, and answer with the template's default "
+                        "system prompt")
+    p.add_argument("--device", default="auto", help="device for the target: auto, cpu, cuda, cuda:N or mps")
+    p.add_argument("--dtype", default="auto", help="target dtype (auto, float32, bfloat16, float16)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (see the module docstring). Returns 0, or 2 after an ``error:`` on stderr: a
+    bad option value (argparse's usage error), an --out file that is not a conversations file, a
+    target that does not load, or a run in which no user request qualifies (:class:`NoRecordsError`)."""
+    from playground.engine.models import ModelLoadError, load_model
+
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # a usage error, already printed by argparse (status 2), or --help (0)
+        return int(e.code or 0)
+    try:  # before the model loads: resuming needs a file this command wrote
+        if args.out.is_dir():
+            raise ValueError(f"{args.out} is a folder, not a JSON Lines file")
+        read_conversations_file(args.out)
+    except (OSError, ValueError) as e:
+        print(f"error: --out: {e}; name a new file, or one this command wrote, to resume", file=sys.stderr)
+        return 2
+    try:
+        loaded = load_model(args.target, device=args.device, dtype=args.dtype)
+    except (ModelLoadError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     loaded.model.eval()
-    have = generate_conversations(loaded.model, loaded.tokenizer, args.out, args.num, batch_size=args.batch_size,
-                                  question_tokens=args.question_tokens, answer_tokens=args.answer_tokens,
-                                  greedy_answers=not args.sample_answers, seed=args.seed,
-                                  stop_ids=list(loaded.eos_token_ids), teacher_top_k=args.teacher_top_k,
-                                  keep_states=args.keep_states, target_name=loaded.spec, turns=args.turns,
-                                  openers=args.openers)
+    try:
+        have = generate_conversations(loaded.model, loaded.tokenizer, args.out, args.num, batch_size=args.batch_size,
+                                      question_tokens=args.question_tokens, answer_tokens=args.answer_tokens,
+                                      greedy_answers=not args.sample_answers, seed=args.seed,
+                                      stop_ids=list(loaded.eos_token_ids), teacher_top_k=args.teacher_top_k,
+                                      keep_states=args.keep_states, target_name=loaded.spec, turns=args.turns,
+                                      openers=args.openers)
+    except (ValueError, NoRecordsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"[data] {args.out}: {have} records")
     return 0
 

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from playground.engine.draft_model import TOKEN_MAP_FILE, TokenMap
-from playground.training.data import load_records, split_records
+from playground.training.data import HelpFormatter, load_records, split_records
 
 PROMPT_LOSS_WEIGHT = 0.1
 """Weight of the next-token loss at prompt positions (answer positions weigh 1)."""
@@ -232,29 +232,32 @@ def main(argv: list[str] | None = None) -> int:
     from playground.engine.models import load_model
 
     p = argparse.ArgumentParser(prog="python -m playground.training.draft", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--target", default="default")
+                                formatter_class=HelpFormatter)
+    p.add_argument("--target", default="default", help="target model spec (as app.py's --target)")
     p.add_argument("--data", required=True, type=Path, nargs="+",
                    help="conversations from playground.training.data (several files are read in order)")
     p.add_argument("--out", required=True, type=Path, help="folder to save the draft in")
     p.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (most frequent target tokens)")
-    p.add_argument("--hidden", type=int, default=384)
-    p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--intermediate", type=int, default=1024)
-    p.add_argument("--heads", type=int, default=6)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--epochs", type=float, default=6.0)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--hidden", type=int, default=384,
+                   help="draft hidden size (divisible by --heads; at most the target's)")
+    p.add_argument("--layers", type=int, default=3, help="draft decoder layers")
+    p.add_argument("--intermediate", type=int, default=1024, help="draft MLP (intermediate) size")
+    p.add_argument("--heads", type=int, default=6, help="draft attention heads")
+    p.add_argument("--kv-heads", type=int, default=2, help="draft key/value heads (must divide --heads)")
+    p.add_argument("--epochs", type=float, default=6.0, help="passes over the training conversations")
+    p.add_argument("--batch-size", type=int, default=16, help="conversations per training step")
+    p.add_argument("--lr", type=float, default=3e-3,
+                   help="peak AdamW learning rate (warm-up, then cosine decay to a tenth)")
     p.add_argument("--max-len", type=int, default=512, help="tokens kept per conversation")
     p.add_argument("--minutes", type=float, default=None,
                    help="stop training this many minutes after the start (the learning-rate schedule then "
-                        "follows the time, so it has decayed when the budget ends the run)")
-    p.add_argument("--held-out", type=float, default=0.05)
+                        "follows the time, so it has decayed when the budget ends the run; default: no limit)")
+    p.add_argument("--held-out", type=float, default=0.05,
+                   help="fraction of conversations held out to measure agreement with the target")
     p.add_argument("--resume", action="store_true", help="continue from OUT.ckpt")
     p.add_argument("--init", type=Path, help="start from this earlier draft (its weights, architecture and "
                                              "vocabulary; --vocab, --hidden, --layers ... are then ignored)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed (split and batch order)")
     args = p.parse_args(argv)
 
     started = time.perf_counter()

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from playground.engine.limits import MEDUSA_TOP_K
+from playground.engine.limits import MAX_MEDUSA_HEADS, MEDUSA_TOP_K
 from playground.engine.medusa import HEAD_LOSS_DECAY, MedusaHeads
 
 IGNORE = -100
@@ -413,21 +413,31 @@ def format_accuracy(acc: list[list[float]]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line; every number is checked here, so bad values stop before any model loads."""
+    from playground.training.data import HelpFormatter, float_in, int_at_least
+
+    positive = int_at_least(1)
     ap = argparse.ArgumentParser(prog="python -m playground.training.medusa",
                                  description="Train Medusa heads (Medusa-1, target frozen) on self-distilled "
-                                             "conversations; save them in the reference format.")
+                                             "conversations; save them in the reference format.",
+                                 formatter_class=HelpFormatter)
     ap.add_argument("--target", default="default", help="target model spec (as app.py's --target)")
     ap.add_argument("--data", required=True, nargs="+", help="JSONL conversations with input_ids and prompt_len "
                                                              "(python -m playground.training.data); several files "
                                                              "are read in order")
-    ap.add_argument("--out", required=True, help="output folder (config.json + medusa_lm_head.safetensors)")
-    ap.add_argument("--heads", type=int, default=4, help="number of heads (head k predicts token t+k+2)")
-    ap.add_argument("--layers", type=int, default=1, help="residual blocks per head")
-    ap.add_argument("--epochs", type=float, default=1.0)
-    ap.add_argument("--max-steps", type=int, help="stop after this many steps (overrides --epochs)")
-    ap.add_argument("--batch-size", type=int, default=64, help="positions per training step")
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--distill", type=float, default=0.0,
+    ap.add_argument("--out", required=True, help="output folder (config.json + medusa_lm_head.safetensors); "
+                                                 "files of the same names in it are replaced")
+    ap.add_argument("--heads", type=int_at_least(1, maximum=MAX_MEDUSA_HEADS), default=4,
+                    help=f"number of heads, 1 to {MAX_MEDUSA_HEADS} (head k predicts token t+k+2)")
+    ap.add_argument("--layers", type=positive, default=1, help="residual blocks per head")
+    ap.add_argument("--epochs", type=float_in(0, low_open=True), default=1.0,
+                    help="passes over the training positions (fractions allowed)")
+    ap.add_argument("--max-steps", type=positive,
+                    help="stop after this many steps (overrides --epochs; default: from --epochs)")
+    ap.add_argument("--batch-size", type=positive, default=64, help="positions per training step")
+    ap.add_argument("--lr", type=float_in(0, low_open=True), default=1e-3,
+                    help="peak AdamW learning rate (linear warm-up, then cosine decay to 0)")
+    ap.add_argument("--distill", type=float_in(0, 1), default=0.0,
                     help="weight in [0, 1] of the loss against the target's own top-k distribution stored with "
                          "the data (python -m playground.training.data --teacher-top-k); the rest is against "
                          "the generated token")
@@ -436,28 +446,42 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--label-vocab", action=argparse.BooleanOptionalAction, default=True,
                     help="softmax over the tokens that occur as labels while training, and save them as the "
                          "heads' proposal vocabulary (shared lm_head only)")
-    ap.add_argument("--held-out", type=float, default=0.05, help="fraction of conversations held out")
-    ap.add_argument("--max-conversations", type=int, help="use only the first N conversations")
-    ap.add_argument("--max-len", type=int, default=1024, help="tokens per conversation kept")
-    ap.add_argument("--feature-batch", type=int, default=8, help="conversations per target forward")
-    ap.add_argument("--device", default="auto")
+    ap.add_argument("--held-out", type=float_in(0, 1, low_open=True, high_open=True), default=0.05,
+                    help="fraction of conversations held out for the accuracy report, in (0, 1)")
+    ap.add_argument("--max-conversations", type=positive, help="use only the first N conversations (default: all)")
+    ap.add_argument("--max-len", type=positive, default=1024, help="tokens per conversation kept")
+    ap.add_argument("--feature-batch", type=positive, default=8, help="conversations per target forward")
+    ap.add_argument("--device", default="auto", help="device for the target and the heads: auto, cpu, cuda, "
+                                                     "cuda:N or mps")
     ap.add_argument("--dtype", default="auto", help="target dtype (auto, float32, bfloat16, float16)")
-    ap.add_argument("--threads", type=int, help="torch CPU threads")
-    ap.add_argument("--format", choices=("safetensors", "pt"), default="safetensors")
+    ap.add_argument("--threads", type=positive, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--format", choices=("safetensors", "pt"), default="safetensors",
+                    help="file format of the saved heads")
     ap.add_argument("--save-dtype", choices=("float32", "float16", "bfloat16"), default="float32",
                     help="dtype of the saved weights (float16 halves the file; they load in the target's dtype)")
     ap.add_argument("--init", help="start from these heads (folder or hub id, as --medusa) instead of identity "
                                    "heads; --heads and --layers may exceed theirs (the extra heads and blocks "
                                    "start as the identity)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--seed", type=int, default=0, help="random seed (split, head initialisation, batch order)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """The command line (see the module docstring). Returns 0, or 2 after an ``error:`` on stderr: a bad
+    option value (argparse's usage error), an --out that is a file, unreadable --data (all before the
+    target loads), a target that does not load, or an --init that does not fit."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # a usage error, already printed by argparse (status 2), or --help (0)
+        return int(e.code or 0)
     from playground.engine.models import ModelLoadError, load_model
     from playground.training.data import load_records, load_states_for, split_records
+
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        print(f"error: --out {args.out!r} is a file; the heads are saved in a folder (a new one, or one that "
+              f"holds earlier heads)", file=sys.stderr)
+        return 2
 
     if args.threads:
         torch.set_num_threads(args.threads)
