@@ -10,13 +10,59 @@ are parsed so that ``--help`` answers at once.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 import os
+import socket
 import sys
 import time
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 """Same as ``playground.engine.models.DTYPE_CHOICES`` (repeated so ``--help`` needs no torch import)."""
+MAX_PORT = 65535
+
+
+def port_number(text: str) -> int:
+    """``--port``'s type: an integer in [0, MAX_PORT] (argparse reports the ArgumentTypeError)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to {MAX_PORT}, got {text!r}") from None
+    if not 0 <= port <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {MAX_PORT}, got {port}")
+    return port
+
+
+def address_problem(host: str, port: int) -> str | None:
+    """Why the page cannot be served on ``host:port``, or None when it can (checked before the models load).
+
+    The host must resolve (``socket.getaddrinfo``) and be an address of this machine, and the port
+    must be free there: a socket binds to it and closes at once, with ``SO_REUSEADDR`` as the server
+    itself binds (so a port left in TIME_WAIT by an earlier run counts as free).
+    """
+    name = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [::1] as in a URL
+    try:
+        socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        reason = getattr(e, "strerror", None) or str(e)
+        return (f"--host {host!r} is not a valid address or a host name that resolves ({reason}); use 127.0.0.1 "
+                f"(this machine only), 0.0.0.0 (every interface) or an address of this machine")
+    sock = socket.socket(socket.AF_INET6 if ":" in name else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((name, port))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            return f"--port {port} is already in use on {host}: stop the server using it, or choose another --port"
+        if e.errno == errno.EADDRNOTAVAIL:
+            return (f"--host {host} is not an address of this machine ({e.strerror}); use 127.0.0.1 (this machine "
+                    f"only), 0.0.0.0 (every interface) or one of this machine's addresses")
+        if e.errno == errno.EACCES:
+            return f"--port {port} needs administrator rights on {host} ({e.strerror}); choose a port from 1024 up"
+        return f"cannot serve on {host}:{port}: {e.strerror or e}"
+    finally:
+        sock.close()
+    return None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,8 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0" if on_spaces else "127.0.0.1"),
                    help="address to listen on (0.0.0.0 for every interface)")
     env_port = os.environ.get("GRADIO_SERVER_PORT", "7860")
-    p.add_argument("--port", type=int, default=int(env_port) if env_port.isdigit() else 7860,
-                   help="port to listen on")
+    p.add_argument("--port", type=port_number,
+                   default=int(env_port) if env_port.isdigit() and int(env_port) <= MAX_PORT else 7860,
+                   help=f"port to listen on, 0 to {MAX_PORT}")
     p.add_argument("--threads", type=int, default=argparse.SUPPRESS,
                    help="CPU threads for torch (default: torch's own choice)")
     args = p.parse_args(argv)
@@ -92,6 +139,10 @@ def _progress(role: str):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    problem = address_problem(args.host, args.port)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr, flush=True)
+        return 2
     print("Starting the Speculative Decoding Playground…", flush=True)
     import torch
 

@@ -39,7 +39,9 @@ Summary
     autoregressive baseline, and total tokens over total steps.
 
 Exit status: 0 on success, 2 on a usage error (unknown method, bad file, bad knob, model that
-cannot load), 130 when interrupted.
+cannot load, a setting the loaded models cannot run, ``--max-new-tokens`` that leaves no question
+room in the context), 130 when interrupted. Every check that needs the models runs right after they
+load (:func:`check_runnable`), before the first run.
 """
 
 from __future__ import annotations
@@ -558,7 +560,26 @@ def warm_up(engine, specs: list, settings, rounds: int) -> None:
                 pass
 
 
+TREE_PRESET_NAMES = ("auto", "depth3", "chain", "cpu_small", "mc_sim_7b_63")
+"""The names of ``medusa_trees.TREE_PRESETS`` for ``--help`` (repeated here so that ``--help`` needs no
+torch import; a test checks that they agree)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's arguments; every help text names the option's default.
+
+    The method knobs default to None (not given): the method then uses the engine's default, which
+    the help quotes from ``playground.engine.limits`` (a draft may bring its own, see ``--k``).
+    """
+    from playground.engine.limits import (DRAFT_CONFIDENCE_KNOB, K_KNOB, LOOKAHEAD_GUESS_KNOB,
+                                          LOOKAHEAD_NGRAM_KNOB, LOOKAHEAD_WINDOW_KNOB, MAX_NEW_TOKENS,
+                                          MAX_TEMPERATURE, POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB,
+                                          PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB)
+
+    def bounds(knob) -> str:
+        lo, hi = (int(knob.minimum), int(knob.maximum)) if knob.integer else (knob.minimum, knob.maximum)
+        return f"{lo:g} to {hi:g}, default {knob.default:g}"
+
     ap = argparse.ArgumentParser(
         prog="python -m playground.bench",
         description="Benchmark decoding methods on Spec-Bench or HumanEval questions; write one JSON line per "
@@ -566,49 +587,85 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Example: python -m playground.bench --questions spec_bench --limit 24 "
                "--methods autoregressive,prompt_lookup --max-new-tokens 128 --out results.jsonl")
     g = ap.add_argument_group("what to run")
-    g.add_argument("--questions", default="spec_bench",
+    g.add_argument("--questions", default="spec_bench", metavar="FILE_OR_SET",
                    help="JSONL file of Spec-Bench rows (question_id, category, turns) or HumanEval rows (task_id, "
                         "prompt), or a built-in set: spec_bench, humaneval (default: spec_bench)")
-    g.add_argument("--methods", default="autoregressive,prompt_lookup",
-                   help="comma-separated methods; autoregressive (the baseline) always runs first")
-    g.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per turn (default 128)")
-    g.add_argument("--out", default="results.jsonl",
-                   help="results file, one JSON object a line (overwritten; default results.jsonl)")
-    g.add_argument("--limit", type=int, help="keep only the first N questions (after --categories)")
-    g.add_argument("--categories", help="comma-separated categories to keep, e.g. qa,rag")
-    g.add_argument("--warmup", type=int, default=1, help="untimed short warm-up rounds of every method (default 1)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--methods", default="autoregressive,prompt_lookup", metavar="LIST",
+                   help="comma-separated methods among autoregressive, prompt_lookup, draft_model, lookahead, "
+                        "medusa; autoregressive (the baseline every speedup is measured against) is added when "
+                        "missing and always runs first (default: autoregressive,prompt_lookup)")
+    g.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
+                   help=f"most new tokens per answer, 1 to {MAX_NEW_TOKENS}; the prompt and the answer must fit "
+                        "the target's context (default: 128)")
+    g.add_argument("--out", default="results.jsonl", metavar="FILE",
+                   help="results file, one JSON object a line; overwritten (default: results.jsonl)")
+    g.add_argument("--limit", type=int, metavar="N",
+                   help="keep only the first N questions, after --categories (default: all)")
+    g.add_argument("--categories", metavar="LIST",
+                   help="comma-separated categories to keep, e.g. qa,rag (default: all)")
+    g.add_argument("--warmup", type=int, default=1, metavar="N",
+                   help="short untimed runs of every method before timing, in rounds (default: 1)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar (default: show one)")
     g = ap.add_argument_group("models and device")
-    g.add_argument("--target", default="default",
-                   help="'default' (embedded SmolLM2-135M-Instruct), a .gguf file, a model folder or a hub id")
-    g.add_argument("--draft", help="draft model for draft_model (same tokenizer as the target); the default "
-                                   "target uses the draft shipped in assets/draft/default unless 'none'")
-    g.add_argument("--medusa", help="Medusa heads for the medusa method")
-    g.add_argument("--draft-medusa", help="Medusa heads trained on the draft (draft_model's proposer medusa_heads)")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    g.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
-    g.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    g.add_argument("--target", default="default", metavar="MODEL",
+                   help="the model to speed up: 'default' (the embedded SmolLM2-135M-Instruct), a .gguf file, a "
+                        "model folder or a Hugging Face hub id (default: default)")
+    g.add_argument("--draft", metavar="MODEL",
+                   help="small model with the target's tokenizer that proposes tokens for draft_model; 'none' for "
+                        "no draft (default: with the default target, the draft shipped in assets/draft/default; "
+                        "else none)")
+    g.add_argument("--medusa", metavar="PATH_OR_HUB_ID",
+                   help="Medusa heads trained on the target, for the medusa method; 'none' for no heads (default: "
+                        "with the default target, the heads shipped in assets/medusa/default; else none)")
+    g.add_argument("--draft-medusa", metavar="PATH_OR_HUB_ID",
+                   help="Medusa heads trained on the draft model, needed by --proposer medusa_heads (default: none)")
+    g.add_argument("--device", default="auto",
+                   help="auto, cpu, cuda, cuda:N or mps (default: auto, a GPU when there is one, else the CPU)")
+    g.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="precision of the weights (default: auto, bfloat16 on CUDA, float32 on a CPU, where "
+                        "bfloat16 would round multi-token verification differently from the baseline)")
+    g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
     g = ap.add_argument_group("sampling (temperature 0 = greedy)")
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=0)
-    g = ap.add_argument_group("method knobs (defaults: the engine's)")
-    g.add_argument("--k", type=int, help="draft_model: tokens drafted per step")
-    g.add_argument("--confidence", type=float, help="draft_model: stop drafting below this draft probability")
+    g.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help=f"0 to {MAX_TEMPERATURE:g}; 0 is greedy decoding, where the lossless methods must match "
+                        "the baseline token for token (default: 0)")
+    g.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="sample only from the most likely tokens holding this much probability (default: 1, off)")
+    g.add_argument("--top-k", type=int, default=0, metavar="K",
+                   help="sample only from the k most likely tokens (default: 0, off)")
+    g.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the sampling (default: 0)")
+    g = ap.add_argument_group("method settings (each names its method)")
+    g.add_argument("--k", type=int, metavar="K", help=f"draft_model: tokens the draft proposes per step ({bounds(K_KNOB)}, unless "
+                                         "the draft folder's draft_knobs.json sets another)")
+    g.add_argument("--confidence", type=float, metavar="P",
+                   help="draft_model: stop drafting when the draft's top probability falls below this; 0 always "
+                        f"drafts K tokens ({bounds(DRAFT_CONFIDENCE_KNOB)})")
     g.add_argument("--proposer", choices=("model", "medusa_heads"),
-                   help="draft_model: the draft model drafts K tokens (model), or its next token plus its Medusa "
-                        "heads' tokens in one pass (medusa_heads; needs --draft-medusa)")
-    g.add_argument("--max-ngram-size", type=int, help="prompt_lookup: longest n-gram matched")
-    g.add_argument("--num-pred-tokens", type=int, help="prompt_lookup: tokens copied after a match")
-    g.add_argument("--window", type=int, help="lookahead: Jacobi window size")
-    g.add_argument("--ngram", type=int, help="lookahead: n-gram size")
-    g.add_argument("--guess", type=int, help="lookahead: guess set size (n-grams verified per step)")
-    g.add_argument("--posterior-threshold", type=float, help="medusa: typical-acceptance threshold")
-    g.add_argument("--posterior-alpha", type=float, help="medusa: typical-acceptance alpha")
-    g.add_argument("--tree", help="medusa: candidate tree (preset name or JSON list of paths)")
+                   help="draft_model: 'model' drafts K tokens with the draft model, one pass each; 'medusa_heads' "
+                        "drafts the draft's next token plus its Medusa heads' tokens in one pass (needs "
+                        "--draft-medusa) (default: model)")
+    g.add_argument("--max-ngram-size", type=int, metavar="N",
+                   help=f"prompt_lookup: longest n-gram searched for in the prompt and the answer so far "
+                        f"({bounds(PROMPT_LOOKUP_NGRAM_KNOB)})")
+    g.add_argument("--num-pred-tokens", type=int, metavar="N",
+                   help=f"prompt_lookup: tokens copied after a match ({bounds(PROMPT_LOOKUP_TOKENS_KNOB)})")
+    g.add_argument("--window", type=int, metavar="W",
+                   help=f"lookahead: window size W, tokens guessed in parallel ({bounds(LOOKAHEAD_WINDOW_KNOB)})")
+    g.add_argument("--ngram", type=int, metavar="N", help=f"lookahead: n-gram size N ({bounds(LOOKAHEAD_NGRAM_KNOB)})")
+    g.add_argument("--guess", type=int, metavar="G",
+                   help=f"lookahead: n-grams verified per step, G ({bounds(LOOKAHEAD_GUESS_KNOB)})")
+    g.add_argument("--tree", metavar="TREE",
+                   help=f"medusa: candidate tree, a preset ({', '.join(TREE_PRESET_NAMES)}) or a JSON list of "
+                        "paths such as '[[0], [0, 0], [1]]', each no deeper than the heads loaded (default: auto, "
+                        "chosen for this device)")
     g.add_argument("--acceptance", choices=("exact", "typical"),
-                   help="medusa: exact (lossless, the default) or typical acceptance (uses --posterior-*)")
+                   help="medusa: 'exact' keeps the target's output (lossless); 'typical' accepts more tokens but "
+                        "may change the output, tuned by --posterior-* (default: exact)")
+    g.add_argument("--posterior-threshold", type=float, metavar="X",
+                   help=f"medusa with --acceptance typical: accept a token when its probability exceeds "
+                        f"min(threshold, alpha * exp(-entropy)) ({bounds(POSTERIOR_THRESHOLD_KNOB)})")
+    g.add_argument("--posterior-alpha", type=float, metavar="X",
+                   help=f"medusa with --acceptance typical: the alpha above ({bounds(POSTERIOR_ALPHA_KNOB)})")
     return ap
 
 
@@ -636,6 +693,57 @@ def load_engine(args: argparse.Namespace, methods: list[str]):
         if reason:
             raise BenchError(f"{m} cannot run: {reason}")
     return engine
+
+
+def check_runnable(engine, specs: list, max_new_tokens: int, questions: list[Question]) -> None:
+    """Check, once the models are loaded and before any run, everything that needs them.
+
+    That is: ``max_new_tokens`` leaves room for a prompt in the target's context; every method builds
+    its drafter with these settings and models (a Medusa tree deeper than the heads loaded,
+    draft_model's ``medusa_heads`` proposer without heads for the draft, ...); and at least one
+    question's first turn fits the context with ``max_new_tokens`` (questions that do not fit are
+    skipped later, with a note). Building a drafter runs no model, except that Medusa's ``auto``
+    tree is measured here, once, rather than in the first run.
+
+    Args:
+        engine: a loaded ``compare.Engine``.
+        specs: the ``compare.MethodSpec`` of every method to run.
+        max_new_tokens: new tokens per answer.
+        questions: the questions to run.
+
+    Raises:
+        BenchError: naming the setting to change.
+    """
+    from playground.engine.tree import TreeChoicesError
+
+    target = engine.target
+    context = target.context_length
+    if max_new_tokens >= context:
+        raise BenchError(f"--max-new-tokens {max_new_tokens} leaves no room for the prompt: {target.name}'s context "
+                         f"holds {context} tokens, prompt and answer together; use fewer new tokens")
+    for s in specs:
+        try:
+            engine.make_drafter(s)
+        except TreeChoicesError as e:  # only a custom tree can fail here (presets fit any heads)
+            raise BenchError(f"{s.name} cannot run: --tree: {e}") from None
+        except ValueError as e:
+            raise BenchError(f"{s.name} cannot run: {e}") from None
+    if not questions:
+        return
+    shortest = None
+    for q in questions:
+        try:
+            length = len(engine.encode_prompt(q.turns[0]))
+        except ValueError:  # longer than the whole context
+            continue
+        if length + max_new_tokens <= context:
+            return
+        shortest = length if shortest is None else min(shortest, length)
+    longest_ok = context - (shortest if shortest is not None else context)
+    hint = (f"the shortest first prompt is {shortest} tokens, so use --max-new-tokens {longest_ok} or fewer"
+            if longest_ok >= 1 else "every first prompt alone fills the context; choose shorter questions")
+    raise BenchError(f"no question fits {target.name}'s context of {context} tokens with --max-new-tokens "
+                     f"{max_new_tokens}: {hint}")
 
 
 def _parse_tree(text: str | None):
@@ -727,6 +835,12 @@ def _main(args: argparse.Namespace) -> int:
         print("note: --draft is loaded only for methods that need it; none is chosen", file=sys.stderr)
     if args.medusa and "medusa" not in methods:
         print("note: --medusa is loaded only for the medusa method, which is not chosen", file=sys.stderr)
+    has_draft_heads = bool(args.draft_medusa) and args.draft_medusa.strip().lower() != "none"
+    if params.get("draft_model", {}).get("proposer") == "medusa_heads" and not has_draft_heads:
+        raise BenchError("--proposer medusa_heads needs Medusa heads trained on the draft model: add "
+                         "--draft-medusa PATH_OR_HUB_ID, or use --proposer model")
+    if has_draft_heads and "draft_model" not in methods:
+        print("note: --draft-medusa is loaded only for the draft_model method, which is not chosen", file=sys.stderr)
     out_path = Path(args.out)
     try:
         out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -742,6 +856,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = load_engine(args, methods)
+    check_runnable(engine, specs, settings.max_new_tokens, questions)
     target = engine.target
     dtype = str(target.dtype).removeprefix("torch.")
     turns = sum(len(q.turns) for q in questions)
@@ -777,9 +892,15 @@ def _main(args: argparse.Namespace) -> int:
         with torch.inference_mode():
             runners = [engine_runner(engine, s, settings) for s in specs]
             records = run_benchmark(engine, questions, runners, settings.max_new_tokens, write, progress, extra)
+    except ValueError as e:  # the engine's message about a setting or a prompt (TreeChoicesError is one)
+        raise BenchError(f"run failed: {e}") from None
     finally:
         progress.close()
         out_file.close()
+    if not records:
+        raise BenchError(f"no question could be run: each was skipped because its prompt with --max-new-tokens "
+                         f"{settings.max_new_tokens} exceeds {target.name}'s context of {target.context_length} "
+                         f"tokens; use fewer new tokens or shorter questions")
     print(f"wrote {len(records)} records to {out_path} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     print(f"\n{target.name}, {dtype}, {target.device}, max_new_tokens {settings.max_new_tokens}, "
           f"temperature {settings.sampling.temperature}")

@@ -2,7 +2,8 @@
 
 The summary tests use hand-made records; the end-to-end test runs the real embedded model on
 three short turns and then the reviewers' checker, /work/shared/tools/check_bench.py (located
-beside the repository; skipped when absent).
+beside the repository; skipped when absent). The checks that need loaded models (context,
+Medusa tree, draft heads, errors during runs) run bench.main on tiny random models instead.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 
-from helpers import skip_unless_ci
+from helpers import ByteTokenizer, FakeLoaded, noisy_copy, skip_unless_ci, tiny_llama
 
 from playground import bench
 
@@ -243,3 +246,187 @@ def test_other_cpu_load_from_proc_stat(monkeypatch):
     assert bench.other_cpu_load(0.0) == pytest.approx(1.5)
     monkeypatch.setattr(bench, "_cpu_times", lambda: None)
     assert bench.other_cpu_load(0.0) is None
+
+
+# ----- checks that need the models, on tiny random models (no download) --------------------------
+class _TextTokenizer(ByteTokenizer):
+    """ByteTokenizer with the call interface ``Engine.encode_prompt`` uses for templateless text."""
+
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": self.encode(text)}
+
+
+@dataclass
+class _Loaded(FakeLoaded):
+    """FakeLoaded plus what the benchmark prints (dtype, device) and a draft's saved knob values."""
+
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+    knob_defaults: dict = field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def tiny_models():
+    """A tiny random target over the byte vocabulary (260 ids) and a noisy copy as its draft."""
+    target = tiny_llama(3, vocab_size=260)
+    return target, noisy_copy(target, 0.03, 4)
+
+
+@dataclass
+class _BenchRun:
+    code: int
+    out: str
+    err: str
+    forwards: int  # target forward passes (0: stopped before any run or warm-up)
+    loaded: bool  # load_engine was called
+    results: Path
+
+
+@pytest.fixture
+def tiny_bench(tiny_models, torch_single_thread, monkeypatch, tmp_path, capsys):
+    """``run(argv, turns=..., context_length=64, medusa_heads=None, draft_knobs=None) -> _BenchRun``:
+    bench.main with load_engine replaced by an engine over the tiny models (and, when asked,
+    ``medusa_heads`` untrained Medusa heads), on a questions file of the given first turns."""
+    from playground.engine.compare import Engine
+    from playground.engine.medusa import MedusaHeads
+
+    target_model, draft_model = tiny_models
+    monkeypatch.setattr(bench, "other_cpu_load", lambda seconds=0.5: None)
+
+    def run(argv, turns=("Hi there", "Say more"), context_length=64, medusa_heads=None, draft_knobs=None):
+        loaded = []
+
+        def load_engine(args, methods):
+            loaded.append(methods)
+            tok = _TextTokenizer()
+            heads = None
+            if medusa_heads:
+                cfg = target_model.config
+                heads = MedusaHeads(cfg.hidden_size, cfg.vocab_size, medusa_heads, 1).attach_lm_head(
+                    target_model.get_output_embeddings()).eval().requires_grad_(False)
+            return Engine(_Loaded(target_model, tok, context_length=context_length),
+                          _Loaded(draft_model, tok, context_length=context_length, knob_defaults=draft_knobs or {}),
+                          medusa=heads)
+        monkeypatch.setattr(bench, "load_engine", load_engine)
+        questions = tmp_path / "q.jsonl"
+        questions.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]}) + "\n"
+                                     for i, t in enumerate(turns)))
+        results = tmp_path / "r.jsonl"
+        calls = [0]
+        hook = target_model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        try:
+            code = bench.main(["--questions", str(questions), "--out", str(results), "--no-progress",
+                               "--max-new-tokens", "8"] + argv)
+        finally:
+            hook.remove()
+        captured = capsys.readouterr()
+        return _BenchRun(code, captured.out, captured.err, calls[0], bool(loaded), results)
+    return run
+
+
+def _one_line_error(r: _BenchRun, message: str) -> None:
+    """Exit status 2 and one ``error:`` line holding ``message``; no traceback, no table."""
+    assert r.code == 2, r.err
+    errors = [line for line in r.err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and message in errors[0], r.err
+    assert "Traceback" not in r.err and "== overall ==" not in r.out
+
+
+def test_tiny_benchmark_runs_and_skips_what_does_not_fit(tiny_bench):
+    """The happy path on the tiny models: a question that fits runs (exit 0, records written), one
+    whose prompt with --max-new-tokens exceeds the context is skipped with a note."""
+    r = tiny_bench([], turns=("Hi", "x" * 60), context_length=64)
+    assert r.code == 0, r.err
+    assert "skipping question 1 from turn 0" in r.err and "exceeds the context of 64" in r.err
+    records = [json.loads(line) for line in r.results.read_text().splitlines()]
+    assert [(x["question_id"], x["method"]) for x in records] == [(0, "autoregressive"), (0, "prompt_lookup")]
+    assert "== overall ==" in r.out
+
+
+def test_medusa_tree_deeper_than_the_heads_fails_before_any_run(tiny_bench):
+    """A custom --tree deeper than the heads loaded is one error line naming --tree and the depth,
+    raised once the heads are loaded and before the warm-up or the baseline runs a forward pass."""
+    tree = "[[0],[0,0],[0,0,0],[0,0,0,0],[0,0,0,0,0]]"
+    r = tiny_bench(["--methods", "autoregressive,medusa", "--tree", tree], medusa_heads=4)
+    _one_line_error(r, "medusa cannot run: --tree: path [0, 0, 0, 0, 0] has depth 5, beyond the 4 Medusa heads")
+    assert r.loaded and r.forwards == 0 and not r.results.exists()
+
+
+def test_draft_proposer_medusa_heads_without_draft_heads(tiny_bench):
+    """--proposer medusa_heads without --draft-medusa fails before the models load; the same
+    setting reaching the engine another way (a draft's saved values) fails after loading, before
+    any forward pass, with the engine's reason."""
+    r = tiny_bench(["--methods", "autoregressive,draft_model", "--proposer", "medusa_heads"])
+    _one_line_error(r, "--proposer medusa_heads needs Medusa heads trained on the draft model: add --draft-medusa")
+    assert not r.loaded
+    r = tiny_bench(["--methods", "autoregressive,draft_model"], draft_knobs={"proposer": "medusa_heads"})
+    _one_line_error(r, "draft_model cannot run: draft_model's proposer medusa_heads needs Medusa heads")
+    assert r.loaded and r.forwards == 0
+
+
+def test_max_new_tokens_filling_the_context_is_refused_up_front(tiny_bench):
+    """--max-new-tokens at least the target's context leaves no room for any prompt: refused once the
+    model (and so its context) is known, before any forward pass."""
+    r = tiny_bench(["--max-new-tokens", "64"], context_length=64)
+    _one_line_error(r, "--max-new-tokens 64 leaves no room for the prompt: tiny's context holds 64 tokens")
+    assert r.forwards == 0
+
+
+def test_no_question_fitting_the_context_is_an_error(tiny_bench, monkeypatch):
+    """When every question's first prompt with --max-new-tokens exceeds the context, the benchmark
+    says so before running (naming the largest --max-new-tokens that would fit); and should every
+    question still be skipped during the runs, it exits 2 instead of reporting an empty table."""
+    long_turns = ("y" * 50, "z" * 52)
+    r = tiny_bench(["--max-new-tokens", "20"], turns=long_turns, context_length=64)
+    _one_line_error(r, "no question fits tiny's context of 64 tokens with --max-new-tokens 20: the shortest "
+                       "first prompt is 50 tokens, so use --max-new-tokens 14 or fewer")
+    assert r.forwards == 0
+    monkeypatch.setattr(bench, "check_runnable", lambda *args: None)  # the last line of defence
+    r = tiny_bench(["--max-new-tokens", "20", "--warmup", "0"], turns=long_turns, context_length=64)
+    _one_line_error(r, "no question could be run: each was skipped because its prompt with --max-new-tokens 20 "
+                       "exceeds tiny's context of 64 tokens")
+    assert r.err.count("skipping question") == 2
+
+
+def test_engine_value_errors_during_runs_are_one_line_but_bugs_are_not_hidden(tiny_bench, monkeypatch):
+    """A ValueError from the engine in the middle of the runs (a message about the user's input)
+    becomes one error line with exit status 2; any other exception still propagates."""
+    real = bench.run_method
+    calls = []
+
+    def failing(kind):
+        def run_method(engine, ids, spec, settings):
+            calls.append(spec.name)
+            if len(calls) == 2:
+                raise kind("the engine's reason")
+            return real(engine, ids, spec, settings)
+        return run_method
+    monkeypatch.setattr(bench, "run_method", failing(ValueError))
+    _one_line_error(tiny_bench(["--warmup", "0"]), "run failed: the engine's reason")
+    calls.clear()
+    monkeypatch.setattr(bench, "run_method", failing(RuntimeError))
+    with pytest.raises(RuntimeError, match="the engine's reason"):
+        tiny_bench(["--warmup", "0"])
+
+
+def test_help_names_every_default_in_plain_words():
+    """--help gives each option's default (the knobs' from the engine's limits) and uses the names a
+    user types (methods, presets), not internal parameter names."""
+    from playground.engine.compare import METHODS
+    from playground.engine.limits import K_KNOB, LOOKAHEAD_WINDOW_KNOB
+    from playground.engine.medusa_trees import TREE_PRESETS
+
+    parser = bench.build_parser()
+    for action in parser._actions:
+        if action.dest != "help":
+            assert "default" in (action.help or ""), f"{action.option_strings} does not say its default"
+    text = " ".join(parser.format_help().split())
+    assert "(default: autoregressive,prompt_lookup)" in text
+    assert f"(1 to {int(K_KNOB.maximum)}, default {K_KNOB.default}," in text
+    assert f"default {LOOKAHEAD_WINDOW_KNOB.default})" in text
+    assert "among " + ", ".join(METHODS) + ";" in text
+    assert bench.TREE_PRESET_NAMES == tuple(TREE_PRESETS)
+    for internal in ("tree_choices", "guess_set_size", "ngram_size", "num_pred_tokens", "max_ngram_size"):
+        assert internal not in text

@@ -1,0 +1,69 @@
+"""Tests of app.py's command line: bad --port and --host values are refused before any model loads."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+import app
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """Fail the test if app.main gets as far as loading the models."""
+    from playground.engine import compare
+
+    def load(*args, **kwargs):
+        raise AssertionError("the models were loaded")
+    monkeypatch.setattr(compare.Engine, "load", classmethod(load))
+
+
+@pytest.mark.parametrize("port, message", [
+    ("99999", "argument --port: must be from 0 to 65535, got 99999"),
+    ("-5", "argument --port: must be from 0 to 65535, got -5"),
+    ("http", "argument --port: must be a whole number from 0 to 65535, got 'http'"),
+])
+def test_port_out_of_range_is_a_usage_error(port, message, capsys):
+    """argparse refuses a port outside 0-65535 with exit status 2 and a message giving the range
+    (before, 99999 crashed in bind() after the models had loaded)."""
+    with pytest.raises(SystemExit) as exc:
+        app.parse_args(["--port", port])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert app.parse_args(["--port", "0"]).port == 0 and app.parse_args(["--port", "65535"]).port == 65535
+
+
+def test_port_from_the_environment_out_of_range_falls_back(monkeypatch):
+    """GRADIO_SERVER_PORT outside the range is ignored like a non-number (the default 7860 is used)."""
+    monkeypatch.setenv("GRADIO_SERVER_PORT", "70000")
+    assert app.parse_args([]).port == 7860
+    monkeypatch.setenv("GRADIO_SERVER_PORT", "7870")
+    assert app.parse_args([]).port == 7870
+
+
+@pytest.mark.parametrize("host, message", [
+    ("999.1.1.1", "--host '999.1.1.1' is not a valid address or a host name that resolves"),
+])
+def test_host_that_does_not_resolve_is_named_before_loading(host, message, capsys, no_model_loading):
+    """A host that does not resolve is reported as the host's problem (not as a busy port), with
+    exit status 2, before anything loads."""
+    assert app.main(["--host", host, "--port", "7863"]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and "Cannot find empty port" not in captured.err
+    assert "Traceback" not in captured.err and "Starting" not in captured.out
+
+
+def test_port_in_use_is_named_before_loading(capsys, no_model_loading):
+    """A port another server listens on is reported as such, before the models load."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert app.main(["--host", "127.0.0.1", "--port", str(port)]) == 2
+    assert f"--port {port} is already in use on 127.0.0.1" in capsys.readouterr().err
+
+
+def test_a_usable_address_passes_the_check():
+    assert app.address_problem("127.0.0.1", 0) is None
+    assert app.address_problem("localhost", 0) is None
