@@ -635,8 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sample only from the k most likely tokens (default: 0, off)")
     g.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the sampling (default: 0)")
     g = ap.add_argument_group("method settings (each names its method)")
-    g.add_argument("--k", type=int, metavar="K", help=f"draft_model: tokens the draft proposes per step ({bounds(K_KNOB)}, unless "
-                                         "the draft folder's draft_knobs.json sets another)")
+    g.add_argument("--k", type=int, metavar="K",
+                   help=f"draft_model: tokens the draft proposes per step ({bounds(K_KNOB)}, unless the draft "
+                        "folder's draft_knobs.json sets another)")
     g.add_argument("--confidence", type=float, metavar="P",
                    help="draft_model: stop drafting when the draft's top probability falls below this; 0 always "
                         f"drafts K tokens ({bounds(DRAFT_CONFIDENCE_KNOB)})")

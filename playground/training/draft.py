@@ -46,7 +46,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from playground.engine.draft_model import TOKEN_MAP_FILE, TokenMap
-from playground.training.data import HelpFormatter, load_records, split_records
+from playground.training.cli import HelpFormatter
+from playground.training.data import load_records, split_records
 
 PROMPT_LOSS_WEIGHT = 0.1
 """Weight of the next-token loss at prompt positions (answer positions weigh 1)."""

@@ -154,7 +154,8 @@ def collect_features(model, records: list[dict], num_heads: int, batch_size: int
     widths = {t[0].shape[-1] for t in teacher_parts if t is not None}
     if len(widths) == 1:  # every record with a teacher stores the same top-k; the others get none
         (top_k,) = widths
-        filled = [t if t is not None else (torch.full((len(y), num_heads, top_k), IGNORE), torch.zeros(len(y), num_heads, top_k))
+        filled = [t if t is not None else (torch.full((len(y), num_heads, top_k), IGNORE),
+                                           torch.zeros(len(y), num_heads, top_k))
                   for t, y in zip(teacher_parts, label_parts)]
         features.teacher_ids = torch.cat([t[0] for t in filled])
         features.teacher_logprobs = torch.cat([t[1] for t in filled])
@@ -217,9 +218,9 @@ def head_losses(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor,
     (``teacher = (ids, logprobs)``, each ``(n, num_heads, top_k)``, ids ``IGNORE`` where absent):
     soft labels carry the target's second and third choices, which the heads' top-k candidates
     need too (Hinton et al. 2015, "Distilling the Knowledge in a Neural Network"; Medusa's
-    self-distillation uses the teacher's distribution the same way, Cai et al. 2024). With ``vocab`` the softmax runs over
-    its rows only, and ``labels`` and the teacher's ids must already be row indices
-    (:meth:`LabelVocab.index`; teacher tokens outside it as ``IGNORE``).
+    self-distillation uses the teacher's distribution the same way, Cai et al. 2024). With
+    ``vocab`` the softmax runs over its rows only, and ``labels`` and the teacher's ids must
+    already be row indices (:meth:`LabelVocab.index`; teacher tokens outside it as ``IGNORE``).
 
     Raises:
         ValueError: shapes that do not agree, or ``distill`` outside [0, 1].
@@ -414,7 +415,7 @@ def format_accuracy(acc: list[list[float]]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line; every number is checked here, so bad values stop before any model loads."""
-    from playground.training.data import HelpFormatter, float_in, int_at_least
+    from playground.training.cli import HelpFormatter, float_in, int_at_least
 
     positive = int_at_least(1)
     ap = argparse.ArgumentParser(prog="python -m playground.training.medusa",
