@@ -310,6 +310,8 @@ def shipped_engine(real_target):
 
     draft = load_draft(default_draft_spec("default"), real_target)
     assert draft.token_map is not None
+    # Named as the shipped draft, not by its folder ("default", like the default target).
+    assert draft.name.startswith("SmolLM2 distilled draft (shipped) (vocabulary of ")
     # It ships in float16, so on a CPU its layers read float16 weights (the tests below run them).
     assert isinstance(draft.model.lm_head, cpu_linear.HalfWeightLinear) or not cpu_linear.half_weights_available()
     return Engine(real_target, draft)

@@ -347,6 +347,8 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str = "target", dra
 
 DEFAULT_DRAFT_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft" / "default"
 """The draft distilled for the embedded default target (``python -m playground.training.draft``)."""
+SHIPPED_DRAFT_NAME = "SmolLM2 distilled draft (shipped)"
+"""Display name of the draft in :data:`DEFAULT_DRAFT_DIR` (its folder's own name would be "default")."""
 
 
 DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -419,6 +421,8 @@ def load_draft(spec: str, target: LoadedModel, device: str | torch.device | None
         # half the bytes to read per drafted token (cpu_linear.HalfWeightLinear).
         from .cpu_linear import half_weight_linear_layers
         half_weight_linear_layers(draft.model)
+    if Path(spec).is_dir() and Path(spec).resolve() == DEFAULT_DRAFT_DIR:
+        draft.name = SHIPPED_DRAFT_NAME  # the folder is called "default", like the default target
     if Path(spec).is_dir():
         try:
             draft.token_map = TokenMap.load(spec, int(target.model.config.get_text_config().vocab_size))
