@@ -142,7 +142,7 @@ def load_questions(path: str | Path, categories: Iterable[str] | None = None,
     try:
         rows = list(iter_jsonl(text))
     except ValueError as e:
-        raise BenchError(f"{path}, {e}") from None
+        raise BenchError(f"{path}: {e}") from None
     questions, seen = [], set()
     for n, row in rows:
         q = parse_question(row, f"{path}:{n}")
@@ -753,7 +753,7 @@ def _parse_tree(text: str | None):
     try:
         return json.loads(text) if text.strip().startswith("[") else text
     except json.JSONDecodeError as e:
-        raise BenchError(f"--tree: not valid JSON ({e.msg})") from None
+        raise BenchError(f"--tree: the tree is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
 
 
 def _cpu_times() -> tuple[float, float] | None:
