@@ -170,7 +170,7 @@ def test_bad_question_files(tmp_path, content, message):
     (["--limit", "0"], "--limit must be at least 1"),
     (["--methods", "autoregressive,draft_model", "--draft", "none"], "draft_model needs a draft model: add --draft MODEL"),
     (["--methods", "autoregressive,medusa", "--tree", "[[0], [0, 0"],
-     "--tree: the tree is not valid JSON: Expecting ',' delimiter at line 1, column 11"),
+     "--tree: the tree is not valid JSON: Expecting ',' delimiter at line 1, column 12"),
 ])
 def test_usage_errors_exit_2_with_one_line(argv, message, capsys, tmp_path):
     assert bench.main(argv + ["--out", str(tmp_path / "r.jsonl")]) == 2
