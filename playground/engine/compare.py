@@ -427,11 +427,14 @@ class Engine:
             TypeError, ValueError: bad ``prompt_ids`` (:meth:`check_prompt_ids`) or bad knobs;
                 raised before any step runs.
         """
-        prompt_ids = self.check_prompt_ids(prompt_ids)
-        drafter = self.make_drafter(spec)
+        return self._steps(self.check_prompt_ids(prompt_ids), spec.name, self.make_drafter(spec), settings, cancel)
+
+    def _steps(self, prompt_ids: list[int], method: str, drafter: Drafter, settings: GenerationSettings,
+               cancel: threading.Event | None) -> Iterator[StepEvent]:
+        """The events of ``drafter`` on checked ``prompt_ids``, each step under the engine's lock."""
         gen = decode(self.target_lm, drafter, prompt_ids, settings, eos_token_ids=self.target.eos_token_ids,
                      tokenizer=self.target.tokenizer, context_length=self.target.context_length,
-                     cancel=cancel, method=spec.name)
+                     cancel=cancel, method=method)
         while True:
             with self.lock:
                 event = next(gen, None)
@@ -468,9 +471,8 @@ class Engine:
         if len(prompt_ids) + settings.max_new_tokens > ctx:
             raise ValueError(f"the prompt is {len(prompt_ids)} tokens; with max_new_tokens={settings.max_new_tokens} "
                              f"it exceeds the model's context of {ctx} tokens")
-        for s in specs:  # validate everything before the first step
-            self.make_drafter(s)
-        streams = [self.run_one(prompt_ids, s, settings, cancel) for s in specs]
+        drafters = [self.make_drafter(s) for s in specs]  # every knob checked before the first step
+        streams = [self._steps(prompt_ids, s.name, d, settings, cancel) for s, d in zip(specs, drafters)]
         while streams:
             for stream in list(streams):
                 event = next(stream, None)
