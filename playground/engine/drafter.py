@@ -34,6 +34,11 @@ class DecodeState:
         hidden: ``(hidden_size,)`` the target's last hidden state at the root's parent (the
             position whose output predicted the root), in the model's dtype; filled only for
             drafters with ``needs_hidden`` (Medusa heads read it), else None.
+        features: ``(n, len(feature_layers) * hidden_size)`` the target's hidden states, at the
+            layers the drafter names in ``feature_layers`` (concatenated in that order), of the
+            positions committed to the target's cache since the previous ``propose``: every prompt
+            position at the first step, then the previous root and its accepted path. Filled only
+            for drafters with ``feature_layers`` (EAGLE reads them), else None.
     """
 
     tokens: list[int]
@@ -44,6 +49,7 @@ class DecodeState:
     device: torch.device
     vocab_size: int
     hidden: torch.Tensor | None = None
+    features: torch.Tensor | None = None
 
 
 @dataclass
@@ -81,6 +87,10 @@ class Drafter:
             ``StepResult.hidden``); it costs nothing extra in the pass (Medusa heads read it).
         typical: a :class:`~playground.engine.verify.TypicalAcceptance` to verify this drafter's
             candidates with typical acceptance instead of the exact rule; None = exact.
+        feature_layers: indices of the target's hidden states the drafter reads
+            (``DecodeState.features``), numbered as transformers' ``output_hidden_states``: 0 = the
+            embeddings, i = the output of decoder layer i; the target computes only these (forward
+            hooks), and only for drafters that name some. Empty: none.
     """
 
     name = "drafter"
@@ -88,6 +98,7 @@ class Drafter:
     lossless = True
     needs_hidden = False
     typical = None
+    feature_layers: tuple[int, ...] = ()
 
     def begin(self, prompt_ids: list[int]) -> None:
         """Forget any previous sequence; a new run starts with ``prompt_ids``."""
@@ -98,6 +109,11 @@ class Drafter:
 
     def update(self, result: StepResult) -> None:
         """Learn from the step's verdict (roll back caches, update pools)."""
+
+    def finish(self, tokens: list[int], prompt_len: int) -> None:
+        """The run ended (EOS, max new tokens, a stop string or cancellation); ``tokens`` is the
+        prompt plus every emitted token. Drafters that learn across runs (suffix decoding's global
+        cache) add the output here; default: nothing."""
 
     def info(self) -> dict[str, int | float]:
         """Figures of this drafter's own state after the latest step, shown beside the run's

@@ -177,3 +177,12 @@ MEDUSA_ACCEPTANCE_KNOB = ChoiceKnob(
          "typical: Medusa's typical acceptance, faster but the output may differ from the target's.")
 
 GENERATION_KNOBS = (MAX_NEW_TOKENS_KNOB, TEMPERATURE_KNOB, TOP_P_KNOB, TOP_K_KNOB, SEED_KNOB)
+
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+"""Values of every ``--dtype`` option and of ``load_model(dtype=...)`` (``auto``: bfloat16 on CUDA,
+float32 on CPUs)."""
+
+MAX_STOP_STRINGS = 8
+"""Most stop strings one run may have."""
+MAX_STOP_STRING_CHARS = 64
+"""Longest stop string, in characters."""

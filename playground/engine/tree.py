@@ -32,6 +32,10 @@ class Candidates:
         extras: optional :class:`ExtraQueries`, the drafter's own query tokens scored in the
             same forward pass after the candidates (Lookahead's Jacobi window); never verified,
             never kept in the cache, never seen by the candidates.
+        accept_probs: ``(num_nodes,)`` float32 in [0, 1] or None: the drafter's estimate that node
+            i is accepted given that its parent is (the per-step budget keeps only nodes whose
+            expected accepted tokens pay for their verification cost). None: no estimate (the
+            budget then keeps the proposal as it is).
 
     Raises:
         ValueError: on shape mismatch or parents not in topological order.
@@ -42,6 +46,7 @@ class Candidates:
     sources: list[str]
     draft_probs: torch.Tensor | None = None
     extras: "ExtraQueries | None" = None
+    accept_probs: torch.Tensor | None = None
 
     def __post_init__(self):
         n = self.tokens.shape[0] if self.tokens.dim() == 1 else -1
@@ -55,6 +60,8 @@ class Candidates:
             raise ValueError(f"parents must be >= -1, got {self.parents.tolist()}")
         if self.draft_probs is not None and (self.draft_probs.dim() != 2 or self.draft_probs.shape[0] != n):
             raise ValueError(f"draft_probs must have shape (num_nodes, vocab_size), got {tuple(self.draft_probs.shape)}")
+        if self.accept_probs is not None and tuple(self.accept_probs.shape) != (n,):
+            raise ValueError(f"accept_probs must have shape (num_nodes,) = ({n},), got {tuple(self.accept_probs.shape)}")
         if self.extras is not None and self.extras.attention.shape[1] != n + 1 + len(self.extras):
             raise ValueError(f"extras.attention must have shape (m, m + num_nodes + 1) = ({len(self.extras)}, "
                              f"{len(self.extras) + n + 1}), got {tuple(self.extras.attention.shape)}")
@@ -67,11 +74,12 @@ class Candidates:
 
     @classmethod
     def chain(cls, tokens: list[int] | torch.Tensor, source: str, draft_probs: torch.Tensor | None = None,
-              device: torch.device | str = "cpu") -> "Candidates":
-        """A chain: node i's parent is node i - 1."""
+              device: torch.device | str = "cpu", accept_probs=None) -> "Candidates":
+        """A chain: node i's parent is node i - 1 (``accept_probs``: optional ``(n,)`` estimates)."""
         t = torch.as_tensor(tokens, dtype=torch.long, device=device).reshape(-1)
         parents = torch.arange(-1, t.shape[0] - 1, dtype=torch.long, device=device)
-        return cls(t, parents, [source] * t.shape[0], draft_probs)
+        acc = None if accept_probs is None else torch.as_tensor(accept_probs, dtype=torch.float32).reshape(-1)
+        return cls(t, parents, [source] * t.shape[0], draft_probs, accept_probs=acc)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
