@@ -18,7 +18,7 @@ from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_TARGET, RunStats, StepEvent
 from .limits import MAX_NEW_TOKENS_KNOB
 from .sampling import SamplingConfig, logits_to_probs
-from .target import CausalLM
+from .target import CausalLM, FeatureTap
 from .tree import Candidates, pass_attention
 from .verify import Verdict, verify_greedy, verify_sampling, verify_typical
 
@@ -124,6 +124,20 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
     # Drafters with needs_hidden (Medusa) also get the target's last hidden state at the root's parent.
     needs_hidden = drafter.needs_hidden
     hidden = None
+    # Drafters with feature_layers (EAGLE) get those layers' outputs at the positions committed since
+    # their previous step: forward hooks on just those layers.
+    tap = FeatureTap(target.model, drafter.feature_layers) if getattr(drafter, "feature_layers", ()) else None
+    try:
+        yield from _steps(target, drafter, prompt_ids, tokens, cache, sampling, generator, settings, stats,
+                          context_length, cancel, method, prompt_len, pick, emit, needs_hidden, hidden, tap)
+    finally:
+        if tap is not None:
+            tap.close()
+
+
+def _steps(target, drafter, prompt_ids, tokens, cache, sampling, generator, settings, stats, context_length,
+           cancel, method, prompt_len, pick, emit, needs_hidden, hidden, tap):
+    """The prefill and the steps of :func:`decode` (its locals passed in)."""
     t0 = target.clock()
     if needs_hidden:
         logits, hidden_rows = target.forward(cache, torch.tensor(prompt_ids, dtype=torch.long), return_hidden=True,
@@ -131,6 +145,7 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         hidden = hidden_rows[-1]
     else:
         logits = target.forward(cache, torch.tensor(prompt_ids, dtype=torch.long), last_only=True)
+    features = tap.read() if tap is not None else None
     first = pick(logits[0])
     event = emit([first], [SOURCE_TARGET], _margins(logits), 0, 0, 0, target.clock() - t0, 0.0, 0)
     yield event
@@ -146,7 +161,7 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         if context_length is not None:
             budget = min(budget, context_length - len(tokens))
         state = DecodeState(tokens, prompt_len, sampling, generator, max(budget, 0), target.device, target.vocab_size,
-                            hidden)
+                            hidden, features)
         cand = drafter.propose(state)
         if len(cand) and max(cand.depths()) > state.budget:
             raise RuntimeError(f"{type(drafter).__name__} proposed a tree deeper than the budget {state.budget}")
@@ -180,6 +195,7 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         new = [int(cand.tokens[c]) for c in verdict.path] + [verdict.bonus_token]
         sources = [cand.sources[c] for c in verdict.path] + [SOURCE_TARGET]
         hidden = hidden_rows[rows[-1]] if needs_hidden else None
+        features = tap.read()[rows] if tap is not None else None
         drafter.update(StepResult(cand, verdict.path, verdict.bonus_token, tokens + new, extra_logits, hidden))
         seconds = target.clock() - t0
         depth = max(cand.depths()) if len(cand) else 0

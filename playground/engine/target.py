@@ -19,6 +19,46 @@ def _hidden_kwargs(return_hidden: bool) -> dict:
     return {"output_hidden_states": True} if return_hidden else {}
 
 
+class FeatureTap:
+    """Forward hooks that keep the outputs of chosen layers of a transformers decoder (no
+    ``output_hidden_states`` of every layer).
+
+    Args:
+        model: a transformers causal LM (its decoder has ``embed_tokens`` and ``layers``).
+        layers: hidden-state indices as in ``output_hidden_states``: 0 = the embeddings, i = the
+            output of decoder layer i (1-based).
+
+    After each forward, :meth:`read` gives ``(q_len, len(layers) * hidden_size)``: those layers'
+    outputs at the forward's query positions, concatenated in ``layers`` order.
+    """
+
+    def __init__(self, model, layers: tuple[int, ...]):
+        decoder = model.get_decoder()
+        self.layers = tuple(int(i) for i in layers)
+        n = len(decoder.layers)
+        if any(not 0 <= i <= n for i in self.layers):
+            raise ValueError(f"feature layers must be in [0, {n}], got {self.layers}")
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.handles = []
+        for i in self.layers:
+            module = decoder.embed_tokens if i == 0 else decoder.layers[i - 1]
+            self.handles.append(module.register_forward_hook(self._keeper(i)))
+
+    def _keeper(self, i: int):
+        def hook(module, args, output):
+            self.outputs[i] = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    def read(self) -> torch.Tensor:
+        """``(q_len, len(layers) * hidden_size)`` of the latest forward (batch row 0)."""
+        return torch.cat([self.outputs[i][0] for i in self.layers], -1)
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
 class CausalLM:
     """Forward passes with a KV cache for one model.
 
