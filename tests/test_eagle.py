@@ -200,3 +200,40 @@ def test_checkpoint_round_trip_in_vllm_layout(tmp_path):
     for (k, a), (_, b) in zip(sorted(head.state_dict().items()), sorted(back.state_dict().items())):
         assert torch.equal(a, b), k
     assert torch.equal(back.draft_ids, head.draft_ids)
+
+
+REAL_PROMPTS = __import__("helpers").bench_prompts()[::3]
+
+
+@pytest.fixture(scope="module")
+def real_eagle(real_target):
+    """The shipped head for the default target (assets/eagle/default), else a random one of its shape."""
+    from playground.engine.eagle import DEFAULT_EAGLE_DIR, load_eagle
+    if (DEFAULT_EAGLE_DIR / "config.json").is_file():
+        return load_eagle(DEFAULT_EAGLE_DIR, real_target)
+    head = EagleHead(head_config(real_target.model.config, 4096)).eval()
+    return head.attach_embedding(real_target.model.get_input_embeddings())
+
+
+@pytest.mark.real_model
+@pytest.mark.skipif(not REAL_PROMPTS, reason="no benchmark prompts (shared/data/ or assets/bench/) found")
+@pytest.mark.parametrize("index", range(len(REAL_PROMPTS)), ids=[p[0] for p in REAL_PROMPTS])
+def test_eagle_greedy_equals_baseline_on_real_prompts(real_target, real_eagle, index):
+    """On benchmark prompts (every third of the shared set: Spec-Bench questions with the chat template,
+    HumanEval as plain completion) with the real default model in fp32, 48 new tokens: greedy EAGLE
+    with the shipped head equals the autoregressive baseline token for token (fp32 near-ties excepted
+    by check_lossless)."""
+    from playground.engine.autoregressive import AutoregressiveDrafter
+    label, prompt, chat = REAL_PROMPTS[index]
+    tok = real_target.tokenizer
+    ids = (tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                   return_tensors="pt")["input_ids"][0].tolist() if chat
+           else tok(prompt)["input_ids"])
+    target = CausalLM(real_target.model)
+    eos = tuple(real_target.eos_token_ids)
+    base = run_events(target, AutoregressiveDrafter(), ids, 48, eos_token_ids=eos)
+    events = run_events(target, EagleDrafter(real_eagle, depth=5, top_k=6, total_tokens=16), ids, 48,
+                        eos_token_ids=eos)
+    verdict = check_lossless([t for e in base for t in e.tokens], [m for e in base for m in e.margins],
+                             [t for e in events for t in e.tokens])
+    assert verdict.matched, f"{label}: {verdict.message()}"

@@ -197,7 +197,8 @@ class EagleHead(nn.Module):
         return self.logits(out).float(), out
 
     # ----- training: the unrolled draft over whole sequences (training-time test) -----------------
-    def unrolled(self, features: torch.Tensor, next_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    def unrolled(self, features: torch.Tensor, next_ids: torch.Tensor, steps: int,
+                 outputs: bool = False) -> list[torch.Tensor]:
         """Training-time test: ``steps`` draft steps over every position at once.
 
         Args:
@@ -213,6 +214,8 @@ class EagleHead(nn.Module):
 
         Returns:
             ``steps`` logits tensors ``(B, T, draft_vocab_size)``; step j's row t predicts token t + j + 2.
+            With ``outputs``: the pre-norm outputs ``(B, T, hidden_size)`` instead (the trainer applies
+            :meth:`logits` to the positions it scores only).
         """
         B, T, _ = features.shape
         layer = self.midlayer
@@ -241,7 +244,7 @@ class EagleHead(nn.Module):
             for i, dv in enumerate(diag_v):
                 attn = attn + p[..., T + i:T + i + 1] * dv
             hidden = layer.finish(hidden, attn)
-            out_logits.append(self.logits(hidden).float())
+            out_logits.append(hidden if outputs else self.logits(hidden).float())
         return out_logits
 
 
