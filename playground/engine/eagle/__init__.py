@@ -9,11 +9,14 @@ from ..events import SOURCE_TARGET
 from ..limits import EAGLE_KNOBS, MAX_EAGLE_DEPTH, MAX_EAGLE_TOTAL_TOKENS
 from ..registry import MethodInfo, register
 from .checkpoint import DEFAULT_EAGLE_DIR, EagleLoadError, eagle_spec, load_eagle, read_eagle, save_eagle
+
+head_spec = eagle_spec
+"""The head the Engine loads for a target: ``head_spec(target_spec, eagle_option)`` (see :func:`eagle_spec`)."""
 from .drafter import EagleDrafter, depth_source
 from .head import EagleHead
 
 __all__ = ["EagleHead", "EagleDrafter", "EagleLoadError", "load_eagle", "read_eagle", "save_eagle", "eagle_spec",
-           "DEFAULT_EAGLE_DIR", "depth_source", "verify_cost_for"]
+           "DEFAULT_EAGLE_DIR", "depth_source", "verify_cost_for", "head_spec"]
 
 _COSTS: dict[int, object] = {}
 
@@ -32,7 +35,11 @@ def _build(engine, params: dict) -> EagleDrafter:
     if getattr(engine, "eagle", None) is None:
         raise ValueError("eagle needs an EAGLE head: pass --eagle PATH_OR_HUB_ID (the default target loads "
                          "assets/eagle/default)")
-    cost = verify_cost_for(engine.target_lm) if params.get("total_tokens", "auto") == "auto" else None
+    cost = None
+    if params.get("total_tokens", "auto") == "auto":
+        persistent = getattr(engine, "persistent", None)
+        cost = (persistent("eagle_verify_cost", lambda: verify_cost_for(engine.target_lm)) if persistent
+                else verify_cost_for(engine.target_lm))
     return EagleDrafter(engine.eagle, verify_cost=cost, max_total=MAX_EAGLE_TOTAL_TOKENS, **params)
 
 
