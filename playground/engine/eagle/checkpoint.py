@@ -143,6 +143,11 @@ def load_eagle(spec: str | Path, target=None) -> EagleHead:
         param = next(model.parameters())
         head.to(device=param.device, dtype=param.dtype)
         head.attach_embedding(model.get_input_embeddings())
+        if param.device.type == "cpu" and param.dtype == torch.float32:
+            # A drafted level is a few rows through small layers: time goes to reading the weights, so a
+            # float16 checkpoint's layers read float16 copies (the products are the float32 layer's).
+            from ..cpu_linear import half_weight_linear_layers
+            half_weight_linear_layers(head)
     return head
 
 
