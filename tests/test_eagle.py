@@ -158,7 +158,8 @@ def test_rerank_keeps_ancestors():
 
 def test_unrolled_training_equals_drafting():
     """The training-time test's unrolled step j at position t gives the same logits as decoding-time
-    drafting at depth j + 1 below root t + 1 along the ground-truth tokens (cache, masks, positions)."""
+    drafting at depth j + 1 below root t + 1 along the ground-truth tokens (cache, masks, positions);
+    running later steps from a start position on gives the same rows there."""
     model = tiny_llama(31, num_layers=3)
     head = tiny_head(model, 32)
     ids = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -170,6 +171,11 @@ def test_unrolled_training_equals_drafting():
     tap.close()
     with torch.no_grad():
         unrolled = head.unrolled(feats[None, :T], torch.tensor([ids[1:T + steps]]), steps)
+    with torch.no_grad():  # skipping early positions in later steps changes nothing at the others
+        skipped = head.unrolled(feats[None, :T], torch.tensor([ids[1:T + steps]]), steps, start=3)
+    assert torch.allclose(skipped[0], unrolled[0])
+    for j in range(1, steps):
+        assert torch.allclose(skipped[j][0], unrolled[j][0, 3:], atol=1e-5)
     for t in (0, 3, T - 1):
         logp = _reference_logp(head, feats[:t + 1], ids[:t + 2])
         for j in range(steps):

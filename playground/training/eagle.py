@@ -223,12 +223,17 @@ def ttt_loss(head, feats, next_ids, final, answer, steps: int, target_rows: torc
     """
     T = feats.shape[1]
     ctx = torch.autocast(feats.device.type, dtype=torch.bfloat16) if autocast else _nullcontext()
+    # Steps after the first skip positions whose tokens ahead are all prompt tokens.
+    start = max(0, int(answer[:, :T + 2].float().argmax(1).min()) - 2 - steps)
     with ctx:
-        outs = head.unrolled(feats, next_ids, steps, outputs=True)
+        outs = head.unrolled(feats, next_ids, steps, outputs=True, start=start)
     losses, agree = [], []
     chain = torch.ones(answer[:, :T].shape, dtype=torch.bool, device=feats.device)
     for j, h in enumerate(outs):
-        mask = answer[:, j + 2:j + 2 + T]  # token t + j + 2 is an answer token in the draft vocabulary
+        mask = answer[:, j + 2:j + 2 + T].clone()  # token t + j + 2 is an answer token in the draft vocabulary
+        if j > 0 and start:
+            mask[:, :start] = False
+            h = torch.cat([h.new_zeros(h.shape[0], start, h.shape[2]), h], 1)
         if not bool(mask.any()):
             losses.append(h.sum() * 0.0)
             agree.append((0.0, 0.0, 0.0))

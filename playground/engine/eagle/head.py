@@ -198,7 +198,7 @@ class EagleHead(nn.Module):
 
     # ----- training: the unrolled draft over whole sequences (training-time test) -----------------
     def unrolled(self, features: torch.Tensor, next_ids: torch.Tensor, steps: int,
-                 outputs: bool = False) -> list[torch.Tensor]:
+                 outputs: bool = False, start: int = 0) -> list[torch.Tensor]:
         """Training-time test: ``steps`` draft steps over every position at once.
 
         Args:
@@ -215,7 +215,9 @@ class EagleHead(nn.Module):
         Returns:
             ``steps`` logits tensors ``(B, T, draft_vocab_size)``; step j's row t predicts token t + j + 2.
             With ``outputs``: the pre-norm outputs ``(B, T, hidden_size)`` instead (the trainer applies
-            :meth:`logits` to the positions it scores only).
+            :meth:`logits` to the positions it scores only). With ``start`` > 0, steps after the first
+            run at positions ``start .. T - 1`` only (rows ``t - start``): no later step reads another
+            position's later steps, so positions that score nothing there (prompts) can be skipped.
         """
         B, T, _ = features.shape
         layer = self.midlayer
@@ -227,17 +229,20 @@ class EagleHead(nn.Module):
         keys0 = values0 = None
         diag_k, diag_v, out_logits = [], [], []
         for j in range(steps):
-            q, k, v = layer.qkv(self.embed_tokens(next_ids[:, j:j + T]), hidden)
-            cos, sin = rope_cos_sin(base + j, layer.head_dim, self.rope_theta, q.dtype)
+            a = 0 if j == 0 else start  # the first position this step runs at
+            if j == 1 and start:
+                hidden = hidden[:, start:]
+            q, k, v = layer.qkv(self.embed_tokens(next_ids[:, a + j:j + T]), hidden)
+            cos, sin = rope_cos_sin(base[a:] + j, layer.head_dim, self.rope_theta, q.dtype)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # (B, heads, T, d)
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # (B, heads, T - a, d)
             if j == 0:
                 keys0, values0 = k, v
             else:
                 diag_k.append(k)
                 diag_v.append(v)
             s0 = (q @ keys0.transpose(-1, -2)) * scale
-            s0 = s0.masked_fill(~causal, float("-inf"))
+            s0 = s0.masked_fill(~causal[a:], float("-inf"))
             sd = [(q * dk).sum(-1, keepdim=True) * scale for dk in diag_k]  # (B, heads, T, 1) each
             p = torch.softmax(torch.cat([s0] + sd, -1).float(), -1).to(q.dtype)
             attn = p[..., :T] @ values0
