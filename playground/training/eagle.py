@@ -335,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--teacher-dtype", default="bfloat16", help="dtype of the teacher-forcing pass")
     p.add_argument("--teacher-batch-tokens", type=pos, default=4096, help="tokens per teacher-forcing batch")
     p.add_argument("--autocast", action="store_true", help="bfloat16 autocast for the head's matrix products")
+    p.add_argument("--time-budget", type=float, default=0.0,
+                   help="seconds for the whole run: after 10 steps the step count is fitted to it (0: none)")
     p.add_argument("--save-every", type=pos, default=200, help="save the trainer state every N steps")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
     p.add_argument("--seed", type=int, default=0)
@@ -369,7 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(cfg, "model_type", "") not in ("llama", "mistral", "qwen2", "qwen3"):
         print(f"warning: target model_type {cfg.model_type!r}; vLLM's eagle3 loader expects a Llama target",
               file=sys.stderr)
+    state_path = args.state or args.out.parent / f"{args.out.name}.state.pt"
+    saved = torch.load(state_path, weights_only=False) if state_path.exists() else None
     draft_ids, share = draft_vocabulary(train, args.draft_vocab_size, int(cfg.vocab_size), list(loaded.eos_token_ids))
+    if saved is not None and len(saved["draft_ids"]) == args.draft_vocab_size:
+        # Resuming (possibly on more data): keep the vocabulary the saved head was trained with.
+        draft_ids = saved["draft_ids"]
+        counts = Counter(t for r in train for t in r["input_ids"][r["prompt_len"]:])
+        share = sum(counts[int(t)] for t in draft_ids) / max(1, sum(counts.values()))
     config = head_config(cfg, len(draft_ids), args.feature_layers, args.intermediate_size)
     print(f"[eagle] {len(train)} training and {len(held)} held-out records "
           f"({sum(len(r['input_ids']) - r['prompt_len'] for r in train)} answer tokens); draft vocabulary "
@@ -402,10 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     per_epoch = len(batches(train, args.batch_tokens, random.Random(0)))
     total_steps = args.max_steps or max(1, int(per_epoch * args.epochs))
-    state_path = args.state or args.out.parent / f"{args.out.name}.state.pt"
     step = 0
-    if state_path.exists():
-        st = torch.load(state_path, weights_only=False)
+    if saved is not None:
+        st = saved
         if st.get("config") == config and torch.equal(st["draft_ids"], draft_ids):
             head.load_state_dict(st["head"])
             opt.load_state_dict(st["opt"])
@@ -423,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     bar = _bar(total_steps, "train")
     bar.update(step)
     head.train()
-    t_train, tokens_seen, ema = time.perf_counter(), 0, None
+    t_train, tokens_seen, ema, first_step = time.perf_counter(), 0, None, step
     queue: list[list[int]] = []
     while step < total_steps:
         if not queue:
@@ -445,6 +453,13 @@ def main(argv: list[str] | None = None) -> int:
         ema = acc0 if ema is None else 0.95 * ema + 0.05 * acc0
         bar.update(1)
         bar.set_postfix_str(f"loss {float(loss):.3f} top1@1 {ema:.3f}")
+        if args.time_budget and step - first_step == 10:
+            # Fit the schedule to the time left (the cosine decay then ends when the budget does).
+            per_step = (time.perf_counter() - t_train) / 10
+            left = args.time_budget - (time.perf_counter() - t_start)
+            total_steps = max(step + 1, min(total_steps, step + int(left / per_step)))
+            bar.total = total_steps
+            print(f"\n[eagle] {per_step:.1f} s a step: {total_steps} steps fit the time budget", file=sys.stderr)
         if step % args.save_every == 0 or step == total_steps:
             state_path.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "rng": rng.getstate(),
@@ -460,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         "held_out_records": len(held),
         "answer_tokens": sum(len(r["input_ids"]) - r["prompt_len"] for r in train),
         "draft_vocab_coverage": round(share, 4), "ttt_steps": args.ttt_steps, "loss_decay": LOSS_DECAY,
-        "epochs": args.epochs, "steps": total_steps, "lr": args.lr, "batch_tokens": args.batch_tokens,
+        "epochs": args.epochs, "steps": total_steps, "time_budget_s": args.time_budget, "lr": args.lr, "batch_tokens": args.batch_tokens,
         "max_len": args.max_len, "teacher_dtype": args.teacher_dtype, "held_out": metrics,
         "teacher_forcing_s": round(tf_s, 1), "train_s": round(train_s, 1),
         "total_s": round(time.perf_counter() - t_start, 1),
