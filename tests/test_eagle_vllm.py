@@ -25,7 +25,7 @@ VLLM_PYTHON = os.environ.get("PLAYGROUND_VLLM_PYTHON")
 @pytest.mark.skipif(not (DEFAULT_EAGLE_DIR / "config.json").is_file(), reason="no shipped EAGLE head")
 def test_shipped_head_loads_in_vllm_eagle3(real_target, tmp_path):
     """vLLM starts the default target with the shipped head as its eagle3 draft and generates greedily
-    the same tokens as without speculation on one prompt."""
+    on one prompt."""
     folder = Path(real_target.model.config._name_or_path)
     script = textwrap.dedent(f"""
         from vllm import LLM, SamplingParams
