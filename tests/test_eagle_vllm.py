@@ -32,7 +32,8 @@ def test_shipped_head_loads_in_vllm_eagle3(real_target, tmp_path):
         if __name__ == "__main__":
             p = SamplingParams(temperature=0, max_tokens=24)
             prompt = "Write two sentences about the sea."
-            spec = LLM(model={str(folder)!r}, dtype="float32", max_model_len=1024, enforce_eager=True, gpu_memory_utilization=0.1,
+            spec = LLM(model={str(folder)!r}, dtype="float32", max_model_len=1024, enforce_eager=True,
+                       gpu_memory_utilization=0.1,
                        speculative_config={{"method": "eagle3", "model": {str(DEFAULT_EAGLE_DIR)!r},
                                             "num_speculative_tokens": 3}})
             print("SPEC", spec.generate([prompt], p)[0].outputs[0].token_ids)
