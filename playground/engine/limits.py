@@ -188,7 +188,8 @@ def _total_tokens(value) -> int:
     try:
         n = int(str(value).strip())
     except ValueError:
-        raise ValueError(f"total_tokens must be auto or an integer in [1, {MAX_EAGLE_TOTAL_TOKENS}], got {value!r}") from None
+        raise ValueError(f"total_tokens must be auto or an integer in [1, {MAX_EAGLE_TOTAL_TOKENS}], "
+                         f"got {value!r}") from None
     if not 1 <= n <= MAX_EAGLE_TOTAL_TOKENS:
         raise ValueError(f"total_tokens must be in [1, {MAX_EAGLE_TOTAL_TOKENS}], got {n}")
     return n

@@ -319,7 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("artifacts/eagle/head"), help="folder for the trained head")
     p.add_argument("--cache", type=Path, default=Path("artifacts/eagle_cache"),
                    help="teacher features cache (ignored folder; recomputed when missing)")
-    p.add_argument("--state", type=Path, default=None, help="trainer state for resuming (default: OUT/../<name>.state.pt)")
+    p.add_argument("--state", type=Path, default=None,
+                   help="trainer state for resuming (default: OUT/../<name>.state.pt)")
     p.add_argument("--draft-vocab-size", type=pos, default=8192, help="draft vocabulary size")
     p.add_argument("--intermediate-size", type=pos, default=None, help="MLP width of the head (default: the target's)")
     p.add_argument("--feature-layers", type=int, nargs=3, default=None,
@@ -382,9 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     config = head_config(cfg, len(draft_ids), args.feature_layers, args.intermediate_size)
     print(f"[eagle] {len(train)} training and {len(held)} held-out records "
           f"({sum(len(r['input_ids']) - r['prompt_len'] for r in train)} answer tokens); draft vocabulary "
-          f"{len(draft_ids)} ids covers {share:.1%} of answer tokens; layers {config['eagle_aux_hidden_state_layer_ids']}")
-    key = "".join(c if c.isalnum() else "_" for c in f"{loaded.spec}_{args.teacher_dtype}_"
-                                                      f"{'-'.join(map(str, config['eagle_aux_hidden_state_layer_ids']))}_{args.max_len}")
+          f"{len(draft_ids)} ids covers {share:.1%} of answer tokens; "
+          f"layers {config['eagle_aux_hidden_state_layer_ids']}")
+    layers_key = "-".join(map(str, config["eagle_aux_hidden_state_layer_ids"]))
+    key = "".join(c if c.isalnum() else "_" for c in f"{loaded.spec}_{args.teacher_dtype}_{layers_key}_{args.max_len}")
     cache_dir = args.cache / key
     teacher = Teacher(model, config["eagle_aux_hidden_state_layer_ids"])
     t_tf = time.perf_counter()
@@ -475,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         "held_out_records": len(held),
         "answer_tokens": sum(len(r["input_ids"]) - r["prompt_len"] for r in train),
         "draft_vocab_coverage": round(share, 4), "ttt_steps": args.ttt_steps, "loss_decay": LOSS_DECAY,
-        "epochs": args.epochs, "steps": total_steps, "time_budget_s": args.time_budget, "lr": args.lr, "batch_tokens": args.batch_tokens,
+        "epochs": args.epochs, "steps": total_steps, "time_budget_s": args.time_budget, "lr": args.lr,
+        "batch_tokens": args.batch_tokens,
         "max_len": args.max_len, "teacher_dtype": args.teacher_dtype, "held_out": metrics,
         "teacher_forcing_s": round(tf_s, 1), "train_s": round(train_s, 1),
         "total_s": round(time.perf_counter() - t_start, 1),
@@ -483,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
     }
     save_eagle(head.cpu(), args.out, recipe=recipe)
-    print(f"[eagle] saved {args.out} ({sum((args.out / n).stat().st_size for n in ('model.safetensors',)) / 1e6:.1f} MB)")
+    print(f"[eagle] saved {args.out} ({(args.out / 'model.safetensors').stat().st_size / 1e6:.1f} MB)")
     return 0
 
 

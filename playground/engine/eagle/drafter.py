@@ -75,7 +75,8 @@ class EagleDrafter(Drafter):
         want = n - self.committed
         if feats is None or feats.dim() != 2 or feats.shape[0] != want:
             raise ValueError(f"EagleDrafter needs the target's features of the {want} positions committed since "
-                             f"its previous step, shape ({want}, {len(self.feature_layers) * head.target_hidden_size}), "
+                             f"its previous step, shape ({want}, "
+                             f"{len(self.feature_layers) * head.target_hidden_size}), "
                              f"got {None if feats is None else tuple(feats.shape)}")
         self.cache.crop(self.committed)
         dev = head.fc.weight.device

@@ -79,7 +79,8 @@ class EagleLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden_size, eps)
 
     def qkv(self, embed: torch.Tensor, hidden: torch.Tensor):
-        """``embed``, ``hidden`` ``(..., n, hidden_size)`` -> q ``(..., heads, n, d)``, k, v ``(..., kv_heads, n, d)``."""
+        """``embed``, ``hidden`` ``(..., n, hidden_size)`` -> q ``(..., heads, n, d)``; k, v
+        ``(..., kv_heads, n, d)``."""
         x = torch.cat([self.input_layernorm(embed), self.hidden_norm(hidden)], -1)
         a = self.self_attn
 
