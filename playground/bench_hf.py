@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace) -> int:
     import torch
 
-    from playground.engine.compare import MethodSpec
-    from playground.engine.decoding import GenerationSettings
+    from playground.engine import MethodSpec
+    from playground.engine import GenerationSettings
     from playground.engine.limits import PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB
 
     names = [m.strip() for m in args.methods.split(",") if m.strip()]

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from playground.engine.limits import MAX_SPECULATIVE_TOKENS, POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB
-from playground.engine.lookahead import LOOKAHEAD_PRESETS
-from playground.engine.theory import FALLBACK, K_PRESETS, lookahead_tokens_per_pass
+from playground.engine import MAX_SPECULATIVE_TOKENS, POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB
+from playground.engine import LOOKAHEAD_PRESETS
+from playground.engine import K_PRESETS
+from playground.engine.theory import FALLBACK, lookahead_tokens_per_pass
 
 
 # ----- model presets -------------------------------------------------------------------------
@@ -99,7 +100,7 @@ def load_preset(name: str, device="auto", dtype="auto", progress=None, draft: st
         ValueError: unknown preset, or a draft that is not one of the preset's.
         models.ModelLoadError: the model cannot be found or loaded (e.g. no hub connection).
     """
-    from playground.engine.compare import Engine
+    from playground.engine import Engine
 
     preset = get_preset(name)
     if draft is not None and draft not in preset.drafts:

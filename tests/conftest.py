@@ -37,7 +37,7 @@ def torch_single_thread():
 @pytest.fixture(scope="session")
 def real_target():
     """The embedded default model in float32 on CPU, loaded once per session (skips when absent)."""
-    from playground.engine.models import ModelLoadError, load_model
+    from playground.engine import ModelLoadError, load_model
 
     try:
         return load_model("default", "cpu", torch.float32)
@@ -49,6 +49,6 @@ def real_target():
 def real_engine(real_target):
     """An :class:`Engine` over the default model with the target itself as its draft
     (the only draft available offline)."""
-    from playground.engine.compare import Engine
+    from playground.engine import Engine
 
     return Engine(real_target, draft=real_target)

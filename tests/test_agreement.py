@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from playground import bench
-from playground.engine.compare import Engine, MethodSpec
-from playground.engine.decoding import GenerationSettings
-from playground.engine.medusa import heads_spec, load_heads
-from playground.engine.medusa_trees import measure_head_accuracy
-from playground.engine.models import default_draft_spec, load_draft
+from playground.engine import Engine, MethodSpec
+from playground.engine import GenerationSettings
+from playground.engine import load_heads
+from playground.engine.medusa.heads import heads_spec
+from playground.engine.medusa import measure_head_accuracy
+from playground.engine import default_draft_spec, load_draft
 from playground.training import agreement
 
 pytestmark = [pytest.mark.real_model, pytest.mark.usefixtures("torch_single_thread")]
@@ -116,8 +117,8 @@ def test_command_line_prints_the_table(results, capsys):
 def test_tree_walk_is_what_greedy_medusa_decoding_accepts(engine):
     """The teacher-forced walk over the baseline's answer accepts, step by step, what greedy
     Medusa decoding with the same tree accepted (one near-tie step allowed)."""
-    from playground.engine.limits import MEDUSA_TOP_K
-    from playground.engine.medusa_trees import greedy_tree, rank_probs_from_accuracy
+    from playground.engine import MEDUSA_TOP_K
+    from playground.engine import greedy_tree, rank_probs_from_accuracy
 
     paths = [p for p, _ in greedy_tree(rank_probs_from_accuracy(engine.medusa.top_k_accuracy), 7)]
     prompt = engine.encode_prompt("Explain how a bicycle stays upright.")

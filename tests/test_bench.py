@@ -194,7 +194,7 @@ def test_knob_flags_map_onto_each_methods_params():
                                  {"max_ngram_size": 2, "num_pred_tokens": 5, "k": None})
     assert params == {"autoregressive": {}, "prompt_lookup": {"max_ngram_size": 2, "num_pred_tokens": 5}}
     assert bench.parse_methods("prompt_lookup") == ["autoregressive", "prompt_lookup"]
-    from playground.engine.compare import METHODS
+    from playground.engine import METHODS
 
     if "lookahead" in METHODS:  # --ngram and --guess set whichever spelling the method declares
         names = {k.name for k in METHODS["lookahead"].knobs}
@@ -291,8 +291,8 @@ def tiny_bench(tiny_models, torch_single_thread, monkeypatch, tmp_path, capsys):
     """``run(argv, turns=..., context_length=64, medusa_heads=None, draft_knobs=None) -> _BenchRun``:
     bench.main with load_engine replaced by an engine over the tiny models (and, when asked,
     ``medusa_heads`` untrained Medusa heads), on a questions file of the given first turns."""
-    from playground.engine.compare import Engine
-    from playground.engine.medusa import MedusaHeads
+    from playground.engine import Engine
+    from playground.engine import MedusaHeads
 
     target_model, draft_model = tiny_models
     monkeypatch.setattr(bench, "other_cpu_load", lambda seconds=0.5: None)
@@ -416,9 +416,9 @@ def test_engine_value_errors_during_runs_are_one_line_but_bugs_are_not_hidden(ti
 def test_help_names_every_default_in_plain_words():
     """--help gives each option's default (the knobs' from the engine's limits) and uses the names a
     user types (methods, presets), not internal parameter names."""
-    from playground.engine.compare import METHODS
+    from playground.engine import METHODS
     from playground.engine.limits import K_KNOB, LOOKAHEAD_WINDOW_KNOB
-    from playground.engine.medusa_trees import TREE_PRESETS
+    from playground.engine import TREE_PRESETS
 
     parser = bench.build_parser()
     for action in parser._actions:

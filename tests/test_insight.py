@@ -19,7 +19,7 @@ import pytest
 
 from playground import bench, bench_io, presets
 from playground.engine import theory
-from playground.engine.lookahead import LOOKAHEAD_PRESETS
+from playground.engine import LOOKAHEAD_PRESETS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -268,7 +268,7 @@ def test_advisor_tab_number_boxes_leave_bounds_to_the_handler_and_apply_confirms
     import gradio as gr
     import torch
 
-    from playground.engine.compare import METHODS
+    from playground.engine import METHODS
     from playground.ui import advisor_tab
     from playground.ui.app import _knob_keys
 
@@ -320,7 +320,7 @@ def test_presets_and_command_line():
 
 def test_hub_preset_fails_with_the_loaders_message(monkeypatch, tmp_path):
     """Without a hub, a hub preset raises ModelLoadError (a message, not a crash)."""
-    from playground.engine.models import ModelLoadError
+    from playground.engine import ModelLoadError
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))
@@ -380,7 +380,7 @@ def test_export_round_trip():
 def test_bench_tab_run_matches_the_cli_summary(real_target, tmp_path):
     """A tiny benchmark from the tab (1 question, 8 new tokens): its JSONL download read back and
     summarised by the CLI's functions gives exactly the tab's table."""
-    from playground.engine.compare import Engine
+    from playground.engine import Engine
     from playground.ui import bench_tab
 
     engine = Engine(real_target)
@@ -469,7 +469,7 @@ def test_zerogpu_forked_path_equals_the_normal_path(real_target):
     this process or in a forked one behind the stand-in ``@spaces.GPU`` (everything pickled)."""
     import torch
 
-    from playground.engine.compare import Engine
+    from playground.engine import Engine
     from playground.ui import worker
     from playground.ui.app import run_arguments, run_comparison
 

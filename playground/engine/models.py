@@ -202,7 +202,7 @@ def _convert_gguf(path: Path, progress: Progress | None, default: bool = False) 
     return folder
 
 
-def _probe_hub(repo_id: str) -> None:
+def probe_hub(repo_id: str) -> None:
     """Ask the hub once (no retries, short timeout) whether ``repo_id`` can be downloaded.
 
     Raises:
@@ -296,7 +296,7 @@ def load_model(spec: str, device: str | torch.device = "auto", dtype: str | torc
         except OSError:
             if offline:
                 raise
-            _probe_hub(source)
+            probe_hub(source)
             _stage(progress, 0.75, f"downloading {name} from the Hugging Face hub")
             model, tokenizer = fetch(source, offline=False)
         _stage(progress, 0.9, f"moving {name} to {dev}")

@@ -201,8 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from playground.engine.compare import Engine
-    from playground.engine.models import ModelLoadError
+    from playground.engine import Engine
+    from playground.engine import ModelLoadError
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                         for s in seqs]
     cands = []
     if engine.medusa is not None:
-        from playground.engine.limits import MEDUSA_TOP_K
+        from playground.engine import MEDUSA_TOP_K
 
         cands = [head_candidates(engine.target.model, engine.medusa, s, engine.target_lm.vocab_size, MEDUSA_TOP_K)
                  for s in seqs]
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
 def tree_tau_table(heads, seqs: list[TeacherSequence], cands: list[torch.Tensor], sizes: list[int]) -> str:
     """Teacher-forced tau per tree size (:func:`tree_accepts`, candidates from :func:`head_candidates`)
     for the first n nodes of the tree that ``auto`` grows from the heads' recorded accuracy."""
-    from playground.engine.medusa_trees import expected_tokens, greedy_tree, rank_probs_from_accuracy
+    from playground.engine import expected_tokens, greedy_tree, rank_probs_from_accuracy
 
     if heads.top_k_accuracy is None:
         return "tree tau: the heads record no accuracy to grow a tree from"

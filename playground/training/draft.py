@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from playground.engine.draft_model import TOKEN_MAP_FILE, TokenMap
+from playground.engine import TOKEN_MAP_FILE, TokenMap
 from playground.training.cli import HelpFormatter
 from playground.training.data import load_records, split_records
 
@@ -230,7 +230,7 @@ def time_per_token(model, n: int = 30, context: int = 128) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from playground.engine.models import load_model
+    from playground.engine import load_model
 
     p = argparse.ArgumentParser(prog="python -m playground.training.draft", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)

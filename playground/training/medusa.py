@@ -41,8 +41,8 @@ from pathlib import Path
 
 import torch
 
-from playground.engine.limits import MAX_MEDUSA_HEADS, MEDUSA_TOP_K
-from playground.engine.medusa import HEAD_LOSS_DECAY, MedusaHeads
+from playground.engine import MAX_MEDUSA_HEADS, MEDUSA_TOP_K
+from playground.engine import HEAD_LOSS_DECAY, MedusaHeads
 
 IGNORE = -100
 
@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # a usage error, already printed by argparse (status 2), or --help (0)
         return int(e.code or 0)
-    from playground.engine.models import ModelLoadError, load_model
+    from playground.engine import ModelLoadError, load_model
     from playground.training.data import load_records, load_states_for, split_records
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
@@ -521,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
                         share_lm_head=args.share_lm_head, base_model_name_or_path=target.spec)
     init_vocab = None
     if args.init:
-        from playground.engine.medusa import MedusaLoadError, load_heads
+        from playground.engine import MedusaLoadError, load_heads
 
         try:
             init = load_heads(args.init)

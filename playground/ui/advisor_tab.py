@@ -16,7 +16,7 @@ import gradio as gr
 
 from playground import presets
 from playground.engine import theory
-from playground.engine.compare import BASELINE, METHODS
+from playground.engine import BASELINE, METHODS
 
 log = logging.getLogger(__name__)
 
@@ -24,15 +24,15 @@ NO_DRAFT = 0.0
 """The draft-size box's value meaning "no same-family smaller model"."""
 
 
-def _size_b(model) -> float:
-    """A model's parameter count in billions, to 3 significant digits (0.135, 0.00747)."""
-    return float(f"{sum(p.numel() for p in model.parameters()) / 1e9:.3g}")
+def _size_b(engine, part: str) -> float:
+    """A loaded model's parameter count in billions, to 3 significant digits (0.135, 0.00747)."""
+    return float(f"{engine.parameter_count(part) / 1e9:.3g}")
 
 
 def target_size_b(engine) -> float:
     """The loaded target's parameter count in billions (3 significant digits)."""
     try:
-        return _size_b(engine.target.model)
+        return _size_b(engine, "target")
     except AttributeError:
         return 0.135
 
@@ -40,7 +40,7 @@ def target_size_b(engine) -> float:
 def loaded_draft_b(engine) -> float:
     """The loaded draft's size in billions, or :data:`NO_DRAFT` when none is loaded."""
     try:
-        return _size_b(engine.draft.model) if engine.draft is not None else NO_DRAFT
+        return _size_b(engine, "draft") if engine.draft is not None else NO_DRAFT
     except AttributeError:
         return NO_DRAFT
 
@@ -188,7 +188,7 @@ def load_preset(engine, name: str) -> str:
     and Medusa heads, the shipped ones for the embedded default); a failure
     (no hub, unknown id, out of memory) is reported, and the loaded models stay.
     """
-    from playground.engine.models import ModelLoadError
+    from playground.engine import ModelLoadError
 
     try:
         p = presets.get_preset(name)
@@ -198,8 +198,7 @@ def load_preset(engine, name: str) -> str:
     except (ModelLoadError, ValueError, MemoryError, OSError) as e:
         return f"**Could not load preset {html.escape(name)}:** {html.escape(str(e))}"
     target, draft = new.target, new.draft
-    with engine.lock:  # swap between steps: runs in flight finish their current step first
-        engine.__dict__.update({k: v for k, v in new.__dict__.items() if k != "lock"})
+    engine.replace_models(new)  # between steps: runs in flight finish their current step first
     return (f"Loaded **{html.escape(target.name)}**" + (f" with draft {html.escape(draft.name)}" if draft else "")
             + ". Reload the page to see the header and the methods that are now available.")
 

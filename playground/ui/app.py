@@ -25,12 +25,12 @@ from typing import Any, Iterator
 
 import gradio as gr
 
-from playground.engine.compare import BASELINE, METHODS, SOURCE_LABELS, Engine, MethodSpec, RunOutput, \
-    check_lossless, is_lossless
-from playground.engine.decoding import GenerationSettings
-from playground.engine.limits import GENERATION_KNOBS, MAX_MEDUSA_HEADS
-from playground.engine.medusa import head_source
-from playground.engine.sampling import SamplingConfig
+from playground.engine import BASELINE, METHODS, Engine, MethodSpec, RunOutput, source_labels
+from playground.engine import check_lossless, is_lossless
+from playground.engine import GenerationSettings
+from playground.engine import GENERATION_KNOBS, MAX_MEDUSA_HEADS
+from playground.engine import head_source
+from playground.engine import SamplingConfig
 
 from . import advisor_tab, bench_tab, charts, insight, medusa_panel, render, theory_tab, worker
 from .knobs import knob_input
@@ -173,7 +173,7 @@ class _RunView:
         if out.last is None:
             self.html[m] = ""  # drop the placeholder; from here on the panel only grows
         out.add(SimpleNamespace(**event))  # RunOutput reads tokens, sources, margins, pieces
-        self.html[m] += render.token_spans(event["pieces"], SOURCE_LABELS)
+        self.html[m] += render.token_spans(event["pieces"], source_labels())
         self.stats[m] = event["stats"]
         self.timelines.setdefault(m, []).append(tuple(event["point"]))
         if event["tokens"]:
@@ -383,7 +383,7 @@ def build_demo(engine: Engine) -> gr.Blocks:
                         with gr.Accordion("Generation settings", open=False):
                             gen = [knob_input(k, f"gen-{k.name}") for k in GENERATION_KNOBS]
 
-                gr.HTML(render.legend_html(sources, SOURCE_LABELS), elem_id="legend")
+                gr.HTML(render.legend_html(sources, source_labels()), elem_id="legend")
                 panel_cols, panel_outputs = {}, []
                 with gr.Row(equal_height=False, elem_id="method-panels"):
                     for m, info in METHODS.items():

@@ -20,8 +20,8 @@ from typing import Iterator
 import gradio as gr
 
 from playground import bench, bench_io
-from playground.engine.compare import BASELINE, METHODS, MethodSpec
-from playground.engine.limits import Knob
+from playground.engine import BASELINE, METHODS, MethodSpec
+from playground.engine import Knob
 
 from . import charts, render, worker
 from .knobs import knob_input

@@ -17,7 +17,7 @@ import html
 import gradio as gr
 
 from playground.engine import theory
-from playground.engine.limits import MAX_SPECULATIVE_TOKENS
+from playground.engine import MAX_SPECULATIVE_TOKENS
 
 from . import charts, insight, worker
 

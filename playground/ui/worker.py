@@ -20,9 +20,9 @@ import os
 import threading
 from typing import Callable, Iterator
 
-from playground.engine.compare import BASELINE, METHODS, Engine, MethodSpec
-from playground.engine.decoding import GenerationSettings
-from playground.engine.sampling import SamplingConfig
+from playground.engine import BASELINE, METHODS, Engine, MethodSpec
+from playground.engine import GenerationSettings
+from playground.engine import SamplingConfig
 
 ENGINES: dict[str, Engine] = {}
 """Engine key -> engine (registered by the page; inherited by ZeroGPU's forked child)."""
@@ -184,13 +184,9 @@ def measure(engine_key: str, sizes: list[int]) -> dict:
     Returns:
         ``VerifyCost.as_dict()``: ``{"table": {n: relative cost}, "seconds": {n: s}, "source": str}``.
     """
-    from playground.engine.theory import measure_verify_cost
-
     engine = engine_for(engine_key)
-    with engine.lock:
-        target = engine.target
-        cost = measure_verify_cost(engine.target_lm, sizes)
-    return {**cost.as_dict(), "source": cost.source.replace(type(engine.target_lm.model).__name__, target.name)}
+    cost = engine.verify_cost(sizes)
+    return cost.as_dict()
 
 
 # ----- ZeroGPU ----------------------------------------------------------------------------------
