@@ -17,8 +17,8 @@ import socket
 import sys
 import time
 
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-"""Same as ``playground.engine.models.DTYPE_CHOICES`` (repeated so ``--help`` needs no torch import)."""
+from playground.engine import DTYPE_CHOICES  # lazy: no torch import, so --help answers at once
+
 MAX_PORT = 65535
 
 
@@ -84,7 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "drafts the draft's next token plus its heads' tokens in one draft pass")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                   help="weights' precision; auto = bfloat16 on CUDA and on CPUs with native bf16, else float32")
+                   help="weights' precision; auto = bfloat16 on CUDA, float32 on a CPU (every CPU: it keeps greedy "
+                        "speculative output equal to the baseline's) and on Apple MPS")
     p.add_argument("--preset", default=None, metavar="NAME",
                    help="model preset (target with its draft / Medusa heads): default, smollm2-1.7b, qwen2.5-7b, "
                         "vicuna-7b-medusa, llama-2-70b; --target/--draft/--medusa given explicitly win")

@@ -47,7 +47,7 @@ LOOKAHEAD_PRESETS: dict[str, dict[str, int]] = {
 """(W, N, G): the paper's settings for 7B / 13B / 33B models on a GPU (G = W), and a small CPU
 setting, also the knobs' default: 11 tokens per pass, which cost about 1.4 single-token forwards
 on the development CPU (fp32, oneDNN layers); in a sweep there, larger windows raised tau but lost
-more in cost than they gained (README, "Verification on a CPU")."""
+more in cost than they gained (docs/lookahead.md)."""
 
 
 class NgramPool:

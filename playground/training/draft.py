@@ -5,7 +5,7 @@ loads it) with the target's tokenizer and a token map (``draft_vocab.json``), so
 draft-model method can use it like any other draft.
 
 Choices (measured on the embedded default, SmolLM2-135M-Instruct, on a 2-core CPU; see
-README "The distilled draft"):
+docs/draft_model.md):
 
 * **Reduced vocabulary.** The target's output layer alone is 576 × 49152 ≈ 28 M multiply-adds
   per token, a fifth of the target. The draft predicts only the ``--vocab`` most frequent
