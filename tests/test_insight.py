@@ -400,6 +400,10 @@ def test_bench_tab_run_matches_the_cli_summary(real_target, tmp_path):
     bad = list(bench_tab.run_benchmark(engine, "Spec-Bench dev (bundled)", None, [], ["autoregressive"], 1, 8,
                                        False, *knobs))
     assert len(bad) == 1 and "no category is ticked" in bad[0][0]
+    # A method the loaded models cannot run: the runner's check (the CLI's), one message, nothing runs.
+    bad = list(bench_tab.run_benchmark(engine, "Spec-Bench dev (bundled)", None, ["writing"],
+                                       ["autoregressive", "draft_model"], 1, 8, False, *knobs))
+    assert len(bad) == 1 and "draft_model cannot run: no draft model is loaded" in bad[0][0]
 
 
 # ----- ZeroGPU: a stand-in `spaces` that forks ------------------------------------------------------
