@@ -465,14 +465,15 @@ def test_stop_strings_end_every_method_at_the_same_place(tiny_bench):
 
     if "stop_strings" not in getattr(GenerationSettings, "__dataclass_fields__", {}):
         pytest.skip("GenerationSettings has no stop_strings yet (the engine's part of issue 16, item 5)")
-    r = tiny_bench(["--warmup", "0", "--max-new-tokens", "24"], turns=("Hi there",))
+    argv = ["--warmup", "0", "--max-new-tokens", "40"]
+    r = tiny_bench(argv, turns=("Hi there",))
     assert r.code == 0, r.err
     plain = [json.loads(line) for line in r.results.read_text().splitlines()]
-    text = plain[0]["output_text"]
-    stop = text[len(text) // 2:len(text) // 2 + 2]  # two bytes: two tokens of the byte vocabulary
-    assert len(stop) == 2
-    r = tiny_bench(["--warmup", "0", "--max-new-tokens", "24", "--stop", stop, "--stop", "\x00never"],
-                   turns=("Hi there",))
+    ids, text = plain[0]["output_ids"], plain[0]["output_text"]
+    # Two printable ASCII bytes after the first few tokens: a stop string spanning two tokens.
+    start = next(i for i in range(3, len(ids) - 1) if all(32 <= t < 127 for t in ids[i:i + 2]))
+    stop = bytes(ids[start:start + 2]).decode()
+    r = tiny_bench(argv + ["--stop", stop, "--stop", "\x00never"], turns=("Hi there",))
     assert r.code == 0, r.err
     records = [json.loads(line) for line in r.results.read_text().splitlines()]
     end = text.index(stop) + len(stop)

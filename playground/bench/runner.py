@@ -50,7 +50,7 @@ def order_methods(names: list[str]) -> list[str]:
         raise BenchError(f"unknown method{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
                          f"available methods: {', '.join(METHODS)}")
     if len(set(names)) != len(names):
-        raise BenchError(f"a method is listed twice: {', '.join(names)}")
+        raise BenchError(f"a method is chosen twice: {', '.join(names)}")
     return [BASELINE] + [m for m in names if m != BASELINE]
 
 
