@@ -41,6 +41,9 @@ _EXPORTS: dict[str, str] = {
     "SEED_KNOB": "limits", "MAX_SPECULATIVE_TOKENS": "limits", "MAX_MEDUSA_HEADS": "limits",
     "MEDUSA_TOP_K": "limits", "MAX_STOP_STRINGS": "limits", "MAX_STOP_STRING_CHARS": "limits",
     "POSTERIOR_THRESHOLD_KNOB": "limits", "POSTERIOR_ALPHA_KNOB": "limits",
+    "K_KNOB": "limits", "DRAFT_CONFIDENCE_KNOB": "limits", "PROMPT_LOOKUP_NGRAM_KNOB": "limits",
+    "PROMPT_LOOKUP_TOKENS_KNOB": "limits", "LOOKAHEAD_WINDOW_KNOB": "limits", "LOOKAHEAD_NGRAM_KNOB": "limits",
+    "LOOKAHEAD_GUESS_KNOB": "limits",
     "LOOKAHEAD_PRESETS": "lookahead",
     # models
     "ModelLoadError": "models", "TokenizerMismatchError": "models", "LoadedModel": "models",
