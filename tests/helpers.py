@@ -642,8 +642,9 @@ def skip_unless_ci(reason: str) -> None:
     """Skip a test whose prerequisite is missing on a developer's machine; fail it under CI.
 
     CI (``CI`` set in the environment) installs everything the suite needs (the model
-    package, Debian's chromium) and has shared/ beside the clone, so there a missing
-    prerequisite is a broken set-up, not a reason to skip.
+    package, Debian's chromium), so there a missing prerequisite is a broken set-up, not a
+    reason to skip. The suite needs nothing beside the repository: ``shared/`` next to a clone
+    is a reviewer's aid only (see ``tests/test_bench.py``).
     """
     import os
 

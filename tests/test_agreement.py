@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from playground import bench
+from playground.bench import cli
 from playground.engine import Engine, MethodSpec
 from playground.engine import GenerationSettings
 from playground.engine import load_heads
@@ -36,8 +37,8 @@ def results(engine, tmp_path_factory):
     folder = tmp_path_factory.mktemp("agreement")
     (folder / "q.jsonl").write_text(json.dumps(QUESTION) + "\n")
     out = folder / "runs.jsonl"
-    assert bench.main(["--questions", str(folder / "q.jsonl"), "--methods", "autoregressive", "--max-new-tokens", "16",
-                       "--out", str(out), "--no-progress", "--draft", "none", "--medusa", "none"]) == 0
+    assert cli.main(["--questions", str(folder / "q.jsonl"), "--methods", "autoregressive", "--max-new-tokens", "16",
+                     "--out", str(out), "--no-progress", "--draft", "none", "--medusa", "none"]) == 0
     return folder, [json.loads(line) for line in out.read_text().splitlines()]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from playground import advisor, bench, bench_io, presets
+from playground import advisor, bench, presets
 from playground.engine import theory
 from playground.engine import LOOKAHEAD_PRESETS
 
@@ -237,12 +237,12 @@ def test_bench_tab_table_equals_the_cli_table():
 def test_export_round_trip():
     """JSONL is byte for byte what the CLI writes, and CSV gives back equal records (ids, None,
     quotes, newlines, unicode, string ids, empty text)."""
-    jsonl = bench_io.to_jsonl(RECORDS)
+    jsonl = bench.to_jsonl(RECORDS)
     assert jsonl == "".join(bench.record_line(r) for r in RECORDS)
-    assert bench_io.from_jsonl(jsonl) == RECORDS
-    assert bench_io.from_csv(bench_io.to_csv(RECORDS)) == RECORDS
+    assert bench.from_jsonl(jsonl) == RECORDS
+    assert bench.from_csv(bench.to_csv(RECORDS)) == RECORDS
     with pytest.raises(ValueError, match="line 1"):
-        bench_io.from_jsonl("[1]\n")
+        bench.from_jsonl("[1]\n")
 
 
 @pytest.mark.real_model
@@ -259,9 +259,9 @@ def test_bench_tab_run_matches_the_cli_summary(real_target, tmp_path):
     final = updates[-1]
     assert final[0].startswith("Done: 4 records"), final[0]
     csv_path, jsonl_path = final[6], final[7]
-    records = bench_io.from_jsonl(Path(jsonl_path).read_text(encoding="utf-8"))
+    records = bench.from_jsonl(Path(jsonl_path).read_text(encoding="utf-8"))
     assert len(records) == 4 and {r["method"] for r in records} == {"autoregressive", "prompt_lookup"}
-    assert bench_io.from_csv(Path(csv_path).read_text(encoding="utf-8")) == records
+    assert bench.from_csv(Path(csv_path).read_text(encoding="utf-8")) == records
     rows = bench.summarize(records)
     assert final[3].value["data"] == [[r["category"], *bench.table_cells(r)] for r in rows]
     assert final[2].value["data"] == bench.leaderboard(rows)[1]
@@ -269,6 +269,10 @@ def test_bench_tab_run_matches_the_cli_summary(real_target, tmp_path):
     bad = list(bench_tab.run_benchmark(engine, "Spec-Bench dev (bundled)", None, [], ["autoregressive"], 1, 8,
                                        False, *knobs))
     assert len(bad) == 1 and "no category is ticked" in bad[0][0]
+    # A method the loaded models cannot run: the runner's check (the CLI's), one message, nothing runs.
+    bad = list(bench_tab.run_benchmark(engine, "Spec-Bench dev (bundled)", None, ["writing"],
+                                       ["autoregressive", "draft_model"], 1, 8, False, *knobs))
+    assert len(bad) == 1 and "draft_model cannot run: no draft model is loaded" in bad[0][0]
 
 
 # ----- ZeroGPU: a stand-in `spaces` that forks ------------------------------------------------------

@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     draft.to(torch.float32)
     target.tokenizer.save_pretrained(args.out)
     token_map.save(args.out)
-    from playground.engine.cpu_linear import half_weight_linear_layers
+    from playground.engine import half_weight_linear_layers
 
     half_weight_linear_layers(draft)  # timed as decoding runs it: float16 weights (it was just saved so)
     t_draft, t_target = time_per_token(draft), time_per_token(target.model)
