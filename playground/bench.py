@@ -667,6 +667,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"min(threshold, alpha * exp(-entropy)) ({bounds(POSTERIOR_THRESHOLD_KNOB)})")
     g.add_argument("--posterior-alpha", type=float, metavar="X",
                    help=f"medusa with --acceptance typical: the alpha above ({bounds(POSTERIOR_ALPHA_KNOB)})")
+    from playground.backends.vllm.bench import add_arguments as add_backend_arguments
+
+    add_backend_arguments(ap)
     return ap
 
 
@@ -850,6 +853,13 @@ def _main(args: argparse.Namespace) -> int:
     if out_path.is_dir() or not os.access(out_path.parent, os.W_OK) or \
             (out_path.exists() and not os.access(out_path, os.W_OK)):
         raise BenchError(f"cannot write {args.out!r}: not a writable file path")
+
+    if getattr(args, "backend", "builtin") == "vllm":  # every method served by vLLM (docs/vllm.md)
+        from playground.backends.vllm.bench import run as run_on_vllm
+
+        return run_on_vllm(args, methods, params, settings, questions, out_path)
+    if getattr(args, "vllm_url", None):
+        raise BenchError("--vllm-url is for --backend vllm")
 
     # 2. Models (a failure leaves an earlier results file untouched).
     import torch
