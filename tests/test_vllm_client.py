@@ -221,3 +221,13 @@ def test_bench_refuses_methods_vllm_cannot_serve(tmp_path, capsys):
 def test_fixtures_are_small():
     assert sum(p.stat().st_size for p in FIXTURES.iterdir()) < 64_000
     json.loads((FIXTURES / "error_max_tokens.txt").read_text().split("\n", 1)[1])
+
+
+def test_server_metrics_parse():
+    """vLLM's /metrics counters (recorded from the ngram server after a few requests)."""
+    m = C.parse_prometheus((FIXTURES / "ngram_metrics.prom").read_text())
+    t = C.spec_decode_totals(m)
+    assert (t["num_drafts"], t["num_draft_tokens"], t["num_accepted_tokens"]) == (244, 1219, 208)
+    assert t["accepted_per_pos"] == [63, 45, 38, 33, 29]
+    assert t["mean_acceptance_length"] == pytest.approx(1 + 208 / 244)
+    assert m["vllm:num_requests_running"] == 0 and m["vllm:request_success_total"] == 14

@@ -456,3 +456,58 @@ def stream_completion(base_url: str, body: dict, timeout: float = 600.0) -> Iter
     if not done.chunks:
         raise VLLMError(f"{url} ended the stream without any token")
     return done
+
+
+# ----- the server's /metrics -------------------------------------------------------------------
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Prometheus text (``GET /metrics``) as ``{name or name{label=value}: value}``.
+
+    Samples of one name are summed over their labels into ``name`` (every engine and model of
+    the server); samples with a ``position`` label are also kept as ``name{position=N}``.
+    """
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        name, _, labels = head.partition("{")
+        out[name] = out.get(name, 0.0) + v
+        for label in labels.rstrip("}").split(","):
+            key, _, val = label.partition("=")
+            if key.strip() == "position":
+                k = f"{name}{{position={val.strip().strip(chr(34))}}}"
+                out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def spec_decode_totals(metrics: dict[str, float]) -> dict:
+    """vLLM's server-wide speculative-decoding counters (since it started) from :func:`parse_prometheus`.
+
+    Returns:
+        ``num_drafts`` (steps with a draft), ``num_draft_tokens``, ``num_accepted_tokens``,
+        ``accepted_per_pos`` (accepted drafts at each draft position) and ``mean_acceptance_length``
+        (1 + accepted / drafts, the bonus token included; None before any draft).
+    """
+    p = "vllm:spec_decode_"
+    drafts = metrics.get(p + "num_drafts_total", 0.0)
+    accepted = metrics.get(p + "num_accepted_tokens_total", 0.0)
+    per_pos = []
+    while (key := f"{p}num_accepted_tokens_per_pos_total{{position={len(per_pos)}}}") in metrics:
+        per_pos.append(int(metrics[key]))
+    return {"num_drafts": int(drafts), "num_draft_tokens": int(metrics.get(p + "num_draft_tokens_total", 0.0)),
+            "num_accepted_tokens": int(accepted), "accepted_per_pos": per_pos,
+            "mean_acceptance_length": 1 + accepted / drafts if drafts else None}
+
+
+def read_metrics(base_url: str, timeout: float = 10.0) -> dict[str, float]:
+    """``GET {base_url}/metrics``, parsed by :func:`parse_prometheus`.
+
+    Raises:
+        VLLMError: unreachable or an HTTP error.
+    """
+    with _open(base_url.rstrip("/") + "/metrics", timeout=timeout) as r:
+        return parse_prometheus(r.read().decode("utf-8", "replace"))
