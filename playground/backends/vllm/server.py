@@ -297,15 +297,17 @@ class VLLMServer:
         Raises:
             VLLMServerError: it exited, or did not answer within ``timeout`` seconds (it is stopped).
         """
+        shown, shown_at = "", 0.0
         while not self.poll_ready():
             waited = time.monotonic() - self.started_at
             if waited > timeout:
                 message = self._failure(f"did not answer {self.url}/health within {timeout:.0f} s")
                 self.stop()
                 raise VLLMServerError(message)
-            if progress:
-                last = tail(self.log_path, 1).strip()
-                progress(min(0.95, waited / 60.0), f"vLLM {self.config.name}: {waited:.0f} s: {last[-160:]}")
+            last = tail(self.log_path, 1).strip()[-160:]
+            if progress and (last != shown or waited - shown_at >= 10):  # a new log line, or every 10 s
+                progress(min(0.95, waited / 60.0), f"vLLM {self.config.name}: {waited:.0f} s: {last}")
+                shown, shown_at = last, waited
             time.sleep(0.5)
         self.endpoint = attach(self.config.name, self.url)
         self.endpoint.device, self.endpoint.started_here = self.device, True
