@@ -35,7 +35,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--vllm-url", action="append", metavar="NAME=URL",
                    help="with --backend vllm: use the vLLM server already running at URL for method NAME, e.g. "
                         "prompt_lookup=http://10.0.0.5:8000 (repeat per method; methods without one get a server "
-                        "started here)")
+                        "started here) (default: none)")
     g.add_argument("--vllm-max-model-len", type=int, default=2048, metavar="N",
                    help="with --backend vllm: context length of the servers started here (default: 2048)")
 
