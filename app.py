@@ -98,6 +98,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"port to listen on, 0 to {MAX_PORT}")
     p.add_argument("--threads", type=int, default=argparse.SUPPRESS,
                    help="CPU threads for torch (default: torch's own choice)")
+    p.add_argument("--vllm", action="store_true",
+                   help="add a vLLM tab: one vLLM server per method from .venv-vllm, started on demand (docs/vllm.md)")
+    p.add_argument("--vllm-url", action="append", metavar="NAME=URL",
+                   help="a running vLLM server for method NAME, e.g. prompt_lookup=http://gpu-host:8001 (implies "
+                        "--vllm; repeat per method)")
     args = p.parse_args(argv)
     if args.preset is not None:
         _apply_preset(p, args, argv)
@@ -163,7 +168,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from playground.ui import build_demo, launch_options
 
-    demo = build_demo(engine)
+    from playground.ui.vllm_panel import VLLMSession
+
+    try:
+        vllm = VLLMSession.from_args(args)
+    except ValueError as e:
+        print(f"\nerror: {e}", file=sys.stderr, flush=True)
+        return 2
+    demo = build_demo(engine, vllm=vllm)
     try:
         demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True,
                     **launch_options())

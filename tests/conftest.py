@@ -18,6 +18,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "real_model: uses the embedded default model (SmolLM2-135M-Instruct, fp32, CPU); "
         "deselect with -m 'not real_model'")
+    config.addinivalue_line(
+        "markers", "vllm: starts real vLLM servers from .venv-vllm (scripts/setup.sh --vllm); skips without it "
+        "unless PLAYGROUND_REQUIRE_VLLM is set; deselect with -m 'not vllm'")
 
 
 @pytest.fixture(scope="module")

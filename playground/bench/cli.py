@@ -219,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"min(threshold, alpha * exp(-entropy)) ({bounds(POSTERIOR_THRESHOLD_KNOB)})")
     g.add_argument("--posterior-alpha", type=float, metavar="X",
                    help=f"medusa with --acceptance typical: the alpha above ({bounds(POSTERIOR_ALPHA_KNOB)})")
+    from playground.backends.vllm.bench import add_arguments as add_backend_arguments
+
+    add_backend_arguments(ap)
     return ap
 
 
@@ -331,6 +334,12 @@ def _main(args: argparse.Namespace) -> int:
     if has_draft_heads and "draft_model" not in methods:
         print("note: --draft-medusa is loaded only for the draft_model method, which is not chosen", file=sys.stderr)
     out_path = _check_out_path(args.out)
+    if getattr(args, "backend", "builtin") == "vllm":  # every method served by vLLM (docs/vllm.md)
+        from playground.backends.vllm.bench import run as run_on_vllm
+
+        return run_on_vllm(args, methods, params, settings, questions, out_path)
+    if getattr(args, "vllm_url", None):
+        raise BenchError("--vllm-url is for --backend vllm")
 
     # 2. Models (a failure leaves an earlier results file untouched), then every check that needs them.
     import torch

@@ -7,7 +7,11 @@ so that all four see the same machine load:
 * ``autoregressive``, ``prompt_lookup``: this project's engine (as in the benchmark);
 * ``hf_generate``: ``model.generate(do_sample=False)``, transformers' greedy loop;
 * ``hf_prompt_lookup``: ``model.generate(do_sample=False, prompt_lookup_num_tokens=N,
-  max_matching_ngram_size=M)`` with the same N and M as our ``prompt_lookup``.
+  max_matching_ngram_size=M)`` with the same N and M as our ``prompt_lookup``;
+* ``hf_assistant``: ``model.generate(do_sample=False, assistant_model=draft)`` (the seed's API)
+  with the shipped draft exported to the target's full vocabulary
+  (``playground.backends.vllm.export_draft``, the folder vLLM's ``draft_model`` loads too),
+  drafting a constant K tokens per step (``--k``, default the draft's ``draft_knobs.json``).
 
 Every time is wall-clock around one whole generation, prefill included, on the same loaded
 model. ``steps`` of the transformers runs are counted with a streamer (its ``put()`` receives
@@ -31,7 +35,7 @@ from .records import record_line
 from .summary import format_table, summarize
 
 ENGINE_METHODS = ("autoregressive", "prompt_lookup")
-HF_METHODS = ("hf_generate", "hf_prompt_lookup")
+HF_METHODS = ("hf_generate", "hf_prompt_lookup", "hf_assistant")
 
 
 class _StepCounter:
@@ -64,8 +68,9 @@ def _clock(device):
     return clock
 
 
-def hf_runner(name: str, target, max_new_tokens: int, **generate_kwargs) -> runner.Runner:
-    """A :class:`~.runner.Runner` calling ``target.model.generate`` greedily with ``generate_kwargs``."""
+def hf_runner(name: str, target, max_new_tokens: int, params: dict | None = None, **generate_kwargs) -> runner.Runner:
+    """A :class:`~.runner.Runner` calling ``target.model.generate`` greedily with ``generate_kwargs``
+    (``params``: what the records show as the run's params; default ``generate_kwargs``)."""
     import torch
 
     device = target.model.device
@@ -97,7 +102,30 @@ def hf_runner(name: str, target, max_new_tokens: int, **generate_kwargs) -> runn
                 "output_text": target.tokenizer.decode(new, skip_special_tokens=True,
                                                        clean_up_tokenization_spaces=False)}
 
-    return runner.Runner(name, dict(generate_kwargs), run)
+    return runner.Runner(name, dict(generate_kwargs) if params is None else params, run)
+
+
+def load_assistant(target, k: int | None = None):
+    """The shipped draft with the target's full vocabulary, as ``generate(assistant_model=...)`` wants
+    it: exported once into the cache, loaded in the target's dtype on its device, set to draft a
+    constant ``k`` tokens per step (``num_assistant_tokens`` passed to ``generate()`` is ignored).
+
+    Returns:
+        ``(model, k)``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from playground.backends.vllm.export_draft import export_full_vocab
+    from playground.backends.vllm.methods import knob_defaults
+    from playground.engine import DEFAULT_DRAFT_DIR
+
+    k = k or knob_defaults("draft_model")["k"]
+    folder = export_full_vocab(DEFAULT_DRAFT_DIR, target_vocab=int(target.model.config.get_text_config().vocab_size))
+    draft = AutoModelForCausalLM.from_pretrained(str(folder), dtype=target.dtype).to(target.device).eval()
+    draft.generation_config.num_assistant_tokens = k
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    return draft, k
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"subset of {', '.join(ENGINE_METHODS + HF_METHODS)} (autoregressive always runs)")
     ap.add_argument("--max-ngram-size", type=int, help="prompt lookup n-gram size, ours and transformers'")
     ap.add_argument("--num-pred-tokens", type=int, help="prompt lookup tokens, ours and transformers'")
+    ap.add_argument("--k", type=int, help="hf_assistant: tokens the draft proposes per step (default: the shipped "
+                                          "draft's draft_knobs.json)")
     ap.add_argument("--target", default="default")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
@@ -154,6 +184,7 @@ def _main(args: argparse.Namespace) -> int:
     runner.prepare(engine, questions, [MethodSpec(m) for m in engine_methods], settings, CLI_LABELS)  # the run checks
     target = engine.target
     pl = {"max_ngram_size": ngram, "num_pred_tokens": tokens}
+    assistant = load_assistant(target, args.k) if "hf_assistant" in names else None
 
     def make(method: str, max_new_tokens: int) -> runner.Runner:
         gen = GenerationSettings(max_new_tokens)
@@ -163,6 +194,9 @@ def _main(args: argparse.Namespace) -> int:
             return runner.engine_runner(engine, MethodSpec("prompt_lookup", pl), gen)
         if method == "hf_generate":
             return hf_runner(method, target, max_new_tokens)
+        if method == "hf_assistant":
+            return hf_runner(method, target, max_new_tokens, {"k": assistant[1], "assistant_model": "shipped draft, "
+                             "full vocabulary"}, assistant_model=assistant[0])
         return hf_runner(method, target, max_new_tokens, prompt_lookup_num_tokens=tokens,
                          max_matching_ngram_size=ngram)
     runners = [make(m, settings.max_new_tokens) for m in names]

@@ -50,8 +50,8 @@ _EXPORTS: dict[str, str] = {
     "ModelLoadError": "models", "TokenizerMismatchError": "models", "LoadedModel": "models",
     "load_model": "models", "load_draft": "models", "default_draft_spec": "models", "cache_dir": "models",
     "DEFAULT_TARGET": "models", "DEFAULT_HUB_ID": "models", "DEFAULT_DRAFT_DIR": "models",
-    "resolve_device": "models", "resolve_dtype": "models",
-    "TokenMap": "draft_model", "DraftModelDrafter": "draft_model", "MedusaDraftDrafter": "draft_model", "TOKEN_MAP_FILE": "draft_model", "DRAFT_KNOBS_FILE": "draft_model",
+    "resolve_device": "models", "resolve_dtype": "models", "model_source": "models",
+    "TokenMap": "draft_model", "DraftModelDrafter": "draft_model", "MedusaDraftDrafter": "draft_model", "TOKEN_MAP_FILE": "draft_model", "DRAFT_KNOBS_FILE": "draft_model", "load_knob_defaults": "draft_model",
     # the cost model
     "theory": None, "VerifyCost": "theory", "measure_verify_cost": "theory", "K_PRESETS": "theory",
     "FALLBACK": "theory", "lookahead_tokens_per_pass": "theory",

@@ -228,6 +228,16 @@ def probe_hub(repo_id: str) -> None:
         raise ModelLoadError(f"{where} the Hugging Face hub is unreachable ({type(e).__name__}: {e})") from e
 
 
+def model_source(spec: str, progress: Progress | None = None) -> str:
+    """What ``from_pretrained`` (or another engine, e.g. vLLM) loads for a model spec: a local folder
+    (GGUF files, the embedded default among them, are converted once into the cache) or a hub id.
+
+    Raises:
+        ModelLoadError: the model cannot be found.
+    """
+    return _locate(spec, progress)[0]
+
+
 def _locate(spec: str, progress: Progress | None) -> tuple[str, str, bool]:
     """Return (source for from_pretrained, display name, whether to stay offline) for a spec."""
     from huggingface_hub.errors import HFValidationError

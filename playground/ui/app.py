@@ -324,7 +324,7 @@ def run_comparison(engine: Engine, *values, stream=None) -> Iterator[tuple]:
 
 
 # ----- the page ---------------------------------------------------------------------------
-def build_demo(engine: Engine) -> gr.Blocks:
+def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
     """Build the playground page for ``engine`` (launch it with ``**launch_options()``).
 
     The page has: a header naming the models, device and dtype; the prompt (``#prompt``) with
@@ -332,7 +332,8 @@ def build_demo(engine: Engine) -> gr.Blocks:
     reason) and its knobs; generation settings; Run (``#run``) and Stop (``#stop``); a status
     line (``#status``); one panel per method (``#panel-<method>``, tokens coloured by source,
     a stats line and a lossless badge); the tokens-over-time chart (``#chart``) and the
-    throughput bars (``#bars``). The run is served at ``api_name="run"``.
+    throughput bars (``#bars``). The run is served at ``api_name="run"``. With ``vllm`` (a
+    :class:`.vllm_panel.VLLMSession`) a vLLM tab serves the same prompt through vLLM.
     """
     target = engine.target
     draft = getattr(engine, "draft", None)
@@ -420,6 +421,10 @@ def build_demo(engine: Engine) -> gr.Blocks:
                 theory_tab.build(engine, last_run, theory)
             with gr.Tab("Advisor", id="advisor", elem_id="tab-advisor"):
                 advisor_tab.build(engine, use, dict(zip(_knob_keys(), knobs)))
+            if vllm is not None:  # a vllm_panel.VLLMSession (app.py --vllm / --vllm-url)
+                from . import vllm_panel
+                with gr.Tab("vLLM", id="vllm", elem_id="tab-vllm"):
+                    vllm_panel.build(vllm, engine)
 
         for m in METHODS:
             use[m].change(lambda on: gr.Column(visible=bool(on)), use[m], panel_cols[m],
