@@ -12,13 +12,13 @@ from safetensors import safe_open
 
 from helpers import (chi_square_gof, clear_greedy_baseline, count_samples, exact_first_three, run_events,
                      sample_first_three, tiny_llama)
-from playground.engine.compare import check_lossless
+from playground.engine import check_lossless
 from playground.engine.decoding import GenerationSettings
 from playground.engine.eagle import EagleDrafter, EagleHead, read_eagle, save_eagle
 from playground.engine.eagle.checkpoint import head_config
 from playground.engine.eagle.tree import expand, reference_tree, rerank
 from playground.engine.sampling import SamplingConfig
-from playground.engine.target import CausalLM, FeatureTap
+from playground.engine.target import CausalLM
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
@@ -51,17 +51,17 @@ def cases():
     return out
 
 
-def test_feature_tap_equals_output_hidden_states():
-    """The forward hooks give exactly transformers' hidden_states at the chosen indices (0 = embeddings)."""
+def test_captured_features_equal_output_hidden_states():
+    """The target's feature hooks give exactly transformers' hidden_states at the chosen indices
+    (0 = embeddings, the last = after the final norm), the numbering the head's config uses."""
     model = tiny_llama(3, num_layers=3)
     ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(0))
-    tap = FeatureTap(model, (0, 2, 3))
-    with torch.no_grad():
+    lm = CausalLM(model)
+    with torch.no_grad(), lm.capture_features((0, 2, 3)) as features:
         out = model(ids, output_hidden_states=True)
-    tap.close()
-    want = torch.cat([out.hidden_states[i][0] for i in (0, 2)] + [tap.outputs[3][0]], -1)
-    assert torch.equal(tap.read(), want)
-    assert torch.allclose(out.hidden_states[2][0], tap.outputs[2][0])
+        got = features()
+    want = torch.cat([out.hidden_states[i][0] for i in (0, 2, 3)], -1)
+    assert torch.equal(got, want)
 
 
 def test_eagle_greedy_equals_baseline(cases):
@@ -126,15 +126,13 @@ def test_dynamic_tree_equals_reference(depth, top_k, total):
     model = tiny_llama(21, num_layers=3)
     head = tiny_head(model, 22)
     tokens = [3, 9, 14, 2, 40, 7]
-    tap = FeatureTap(model, head.feature_layers)
-    with torch.no_grad():
+    with torch.no_grad(), CausalLM(model).capture_features(head.feature_layers) as features:
         model(torch.tensor([tokens[:-1]]))
-    feats = tap.read()
-    tap.close()
+        feats = features()
     ref = reference_tree(_reference_logp(head, feats, tokens), depth, top_k, total, head.draft_ids)
     drafter = EagleDrafter(head, depth=depth, top_k=top_k, total_tokens=total)
     from playground.engine.drafter import DecodeState
-    state = DecodeState(tokens, 3, SamplingConfig(), None, 10, torch.device("cpu"), 64, None, feats)
+    state = DecodeState(tokens, 3, SamplingConfig(), None, 10, torch.device("cpu"), 64, features=feats)
     cand = drafter.propose(state)
     paths, parents = [], cand.parents.tolist()
     for i, t in enumerate(cand.tokens.tolist()):
@@ -164,11 +162,9 @@ def test_unrolled_training_equals_drafting():
     head = tiny_head(model, 32)
     ids = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(1)).tolist()
     steps, T = 3, 8
-    tap = FeatureTap(model, head.feature_layers)
-    with torch.no_grad():
+    with torch.no_grad(), CausalLM(model).capture_features(head.feature_layers) as features:
         model(torch.tensor([ids]))
-    feats = tap.read()
-    tap.close()
+        feats = features()
     with torch.no_grad():
         unrolled = head.unrolled(feats[None, :T], torch.tensor([ids[1:T + steps]]), steps)
     with torch.no_grad():  # skipping early positions in later steps changes nothing at the others

@@ -7,11 +7,12 @@ import torch
 
 from helpers import ByteTokenizer, FakeLoaded, noisy_copy, tiny_llama
 from playground.engine.autoregressive import AutoregressiveDrafter
-from playground.engine.compare import METHODS, Engine, MethodSpec, check_lossless
-from playground.engine.decoding import GenerationSettings, decode, generate
+from playground.engine import METHODS, Engine, MethodSpec, check_lossless
+from playground.engine import GenerationSettings, decode, generate
 from playground.engine.draft_model import DraftModelDrafter
-from playground.engine.events import RunStats
-from playground.engine.limits import K_KNOB, MAX_SPECULATIVE_TOKENS
+from playground.engine import RunStats
+from playground.engine import MAX_SPECULATIVE_TOKENS
+from playground.engine.limits import K_KNOB
 from playground.engine.prompt_lookup import PromptLookupDrafter
 from playground.engine.target import CausalLM
 

@@ -72,16 +72,23 @@ class Knob:
         """Return ``value`` converted to int/float, or raise ``ValueError`` naming the bound.
 
         Raises:
-            ValueError: ``"<name> must be in [min, max], got <value>"`` when out of range,
-                or ``"<name> must be an integer, got <value>"``.
+            ValueError: ``"<name> must be in [min, max], got <value>"`` when out of range (infinities
+                included), ``"<name> must be an integer, got <value>"``, or ``"<name> must be a
+                number, got <value>"`` (booleans are not numbers).
         """
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool):
+            raise ValueError(f"{self.name} must be a number, got {value!r}")
+        if not isinstance(value, (int, float)):
             try:
                 value = float(value)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise ValueError(f"{self.name} must be a number, got {value!r}") from None
         if value != value:  # NaN
             raise ValueError(f"{self.name} must be a number, got NaN")
+        if value in (float("inf"), float("-inf")):
+            lo = int(self.minimum) if self.integer else self.minimum
+            hi = int(self.maximum) if self.integer else self.maximum
+            raise ValueError(f"{self.name} must be in [{lo}, {hi}], got {value}")
         if self.integer:
             if float(value) != int(value):
                 raise ValueError(f"{self.name} must be an integer, got {value}")

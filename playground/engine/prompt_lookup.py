@@ -12,9 +12,10 @@ from __future__ import annotations
 import torch
 
 from .drafter import DecodeState, Drafter
-from .events import SOURCE_PROMPT_LOOKUP
+from .events import SOURCE_PROMPT_LOOKUP, SOURCE_TARGET
 from .limits import PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB
 from .tree import Candidates
+from .registry import MethodInfo, register
 
 
 def find_candidate(tokens: torch.Tensor, max_ngram_size: int, num_pred_tokens: int) -> list[int]:
@@ -62,3 +63,12 @@ class PromptLookupDrafter(Drafter):
             return Candidates.empty(state.device)
         found = find_candidate(torch.tensor(state.tokens), self.max_ngram_size, k)
         return Candidates.chain(found, self.source, device=state.device)
+
+
+
+METHOD = register(MethodInfo(
+    "prompt_lookup", "Prompt lookup",
+    "Copies the continuation of an earlier match of the latest n-gram in the prompt and output (Saxena 2023).",
+    lossless=True, knobs=(PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB),
+    sources=(SOURCE_TARGET, SOURCE_PROMPT_LOOKUP), source_labels={SOURCE_PROMPT_LOOKUP: "prompt lookup"},
+    build=lambda engine, params: PromptLookupDrafter(**params)))

@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command line (see the module docstring). Returns 0, or 2 after an ``error:`` on stderr: a
     bad option value (argparse's usage error), an --out file that is not a conversations file, a
     target that does not load, or a run in which no user request qualifies (:class:`NoRecordsError`)."""
-    from playground.engine.models import ModelLoadError, load_model
+    from playground.engine import ModelLoadError, load_model
 
     try:
         args = build_parser().parse_args(argv)

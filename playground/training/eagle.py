@@ -104,8 +104,9 @@ class Teacher:
         self.layers = tuple(feature_layers)
         self.out: dict = {}
         self.handles = []
-        for i in self.layers:
-            mod = decoder.embed_tokens if i == 0 else decoder.layers[i - 1]
+        n = len(decoder.layers)
+        for i in self.layers:  # numbered as the engine's capture_features: n = after the final norm
+            mod = decoder.embed_tokens if i == 0 else decoder.norm if i == n else decoder.layers[i - 1]
             self.handles.append(mod.register_forward_hook(self._keep(i)))
         self.handles.append(decoder.norm.register_forward_hook(self._keep("final")))
 
@@ -346,9 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from playground.engine.eagle import EagleHead, save_eagle
-    from playground.engine.eagle.checkpoint import head_config
-    from playground.engine.models import ModelLoadError, load_model, resolve_device
+    from playground.engine import EagleHead, ModelLoadError, load_model, resolve_device, save_eagle
+    from playground.engine import eagle_head_config as head_config
 
     args = build_parser().parse_args(argv)
     if args.threads:

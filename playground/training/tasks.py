@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from playground.engine.models import ModelLoadError, load_model
+    from playground.engine import ModelLoadError, load_model
 
     try:
         args = build_parser().parse_args(argv)

@@ -9,6 +9,7 @@ from ..events import SOURCE_TARGET
 from ..limits import EAGLE_KNOBS, MAX_EAGLE_DEPTH, MAX_EAGLE_TOTAL_TOKENS
 from ..registry import MethodInfo, register
 from .checkpoint import DEFAULT_EAGLE_DIR, EagleLoadError, eagle_spec, load_eagle, read_eagle, save_eagle
+from .checkpoint import head_config as eagle_head_config
 
 head_spec = eagle_spec
 """The head the Engine loads for a target: ``head_spec(target_spec, eagle_option)`` (see :func:`eagle_spec`)."""
@@ -16,7 +17,7 @@ from .drafter import EagleDrafter, depth_source
 from .head import EagleHead
 
 __all__ = ["EagleHead", "EagleDrafter", "EagleLoadError", "load_eagle", "read_eagle", "save_eagle", "eagle_spec",
-           "DEFAULT_EAGLE_DIR", "depth_source", "verify_cost_for", "head_spec"]
+           "DEFAULT_EAGLE_DIR", "depth_source", "verify_cost_for", "head_spec", "eagle_head_config"]
 
 _COSTS: dict[int, object] = {}
 
@@ -43,7 +44,7 @@ def _build(engine, params: dict) -> EagleDrafter:
     return EagleDrafter(engine.eagle, verify_cost=cost, max_total=MAX_EAGLE_TOTAL_TOKENS, **params)
 
 
-register(MethodInfo(
+METHOD = register(MethodInfo(
     name="eagle", label="EAGLE-3",
     description="A one-layer head reads the target's low, middle and high features and the token just chosen, "
                 "and grows a dynamic draft tree (EAGLE-2); lossless.",
