@@ -338,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--teacher-batch-tokens", type=pos, default=4096, help="tokens per teacher-forcing batch")
     p.add_argument("--autocast", action="store_true", help="bfloat16 autocast for the head's matrix products")
     p.add_argument("--time-budget", type=float, default=0.0,
-                   help="seconds for the whole run: after 10 steps the step count is fitted to it (0: none)")
+                   help="seconds for the whole run: every 10 steps the step count is fitted to the time left (0: none)")
     p.add_argument("--save-every", type=pos, default=200, help="save the trainer state every N steps")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
     p.add_argument("--seed", type=int, default=0)
@@ -434,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     bar.update(step)
     head.train()
     t_train, tokens_seen, ema, first_step = time.perf_counter(), 0, None, step
+    last_fit = (t_train, step)
     queue: list[list[int]] = []
     while step < total_steps:
         if not queue:
@@ -455,13 +456,20 @@ def main(argv: list[str] | None = None) -> int:
         ema = acc0 if ema is None else 0.95 * ema + 0.05 * acc0
         bar.update(1)
         bar.set_postfix_str(f"loss {float(loss):.3f} top1@1 {ema:.3f}")
-        if args.time_budget and step - first_step == 10:
-            # Fit the schedule to the time left (the cosine decay then ends when the budget does).
-            per_step = (time.perf_counter() - t_train) / 10
-            left = args.time_budget - (time.perf_counter() - t_start)
-            total_steps = max(step + 1, min(total_steps, step + int(left / per_step)))
-            bar.total = total_steps
-            print(f"\n[eagle] {per_step:.1f} s a step: {total_steps} steps fit the time budget", file=sys.stderr)
+        if args.time_budget and (step - first_step) % 10 == 0:
+            # Fit the schedule to the time left, every 10 steps from the pace of the last ones (a shared
+            # machine's pace changes), so the cosine decay ends when the budget does.
+            now = time.perf_counter()
+            per_step = (now - last_fit[0]) / max(1, step - last_fit[1])
+            last_fit = (now, step)
+            left = args.time_budget - (now - t_start)
+            fitted = max(step + 1, step + int(left / per_step))
+            if args.max_steps:
+                fitted = min(fitted, args.max_steps)
+            if fitted != total_steps:
+                total_steps = fitted
+                bar.total = total_steps
+                print(f"\n[eagle] {per_step:.1f} s a step: {total_steps} steps fit the time budget", file=sys.stderr)
         if step % args.save_every == 0 or step == total_steps:
             state_path.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "rng": rng.getstate(),
