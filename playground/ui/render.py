@@ -23,7 +23,7 @@ SOURCE_COLORS: dict[str, str] = {
     # EAGLE: by draft depth, a ramp from lime (depth 1) through teal and sky to rose (depth 10)
     "eagle_d1": "#d9f99d", "eagle_d2": "#a7f3d0", "eagle_d3": "#99f6e4", "eagle_d4": "#a5f3fc",
     "eagle_d5": "#bae6fd", "eagle_d6": "#c7d2fe", "eagle_d7": "#ddd6fe", "eagle_d8": "#f5d0fe",
-    "eagle_d9": "#fbcfe8", "eagle_d10": "#fecdd3",
+    "eagle_d9": "#fde2e4", "eagle_d10": "#fecdd3",
 }
 """Background colour of each token source: light enough that dark text (:data:`TOKEN_TEXT_COLOR`)
 keeps a contrast above 7:1 on every one, in both themes; no two sources share a hue family."""
