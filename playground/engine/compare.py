@@ -79,6 +79,21 @@ METHODS: dict[str, MethodInfo] = {m.name: m for m in (
 )}
 
 
+# The drafters branch's bridge to the registry (the lead's engine.py replaces this module): every
+# method but the baseline gets the ``budget`` knob, and the registered methods (suffix, recycling,
+# mixture) join METHODS and SOURCE_LABELS below.
+from . import methods as _methods  # noqa: E402,F401  (registers the new methods)
+from . import registry as _registry  # noqa: E402
+from .budget import BUDGET_AUTO, BUDGET_KNOB, engine_step_cost  # noqa: E402
+
+for _name, _info in list(METHODS.items()):
+    if _name != BASELINE:
+        METHODS[_name] = MethodInfo(_info.name, _info.label, _info.description, _info.lossless, _info.needs_draft,
+                                    _info.knobs + (BUDGET_KNOB,), _info.sources, _info.lossless_if)
+for _name, _info in _registry.METHODS.items():
+    METHODS.setdefault(_name, _info)
+
+
 def is_lossless(method: str, params: dict | None = None) -> bool:
     """Whether ``method`` with ``params`` must match the baseline under greedy decoding."""
     info = METHODS[method]
@@ -90,6 +105,7 @@ SOURCE_LABELS = {
     SOURCE_PROMPT_LOOKUP: "prompt lookup",
     SOURCE_LOOKAHEAD: "lookahead n-gram",
     **{head_source(k): f"Medusa head {k}" for k in range(1, 6)},
+    **_registry.source_labels(),
 }
 """Legend text of each token source."""
 
@@ -215,6 +231,19 @@ class Engine:
         self.draft_medusa = draft_medusa
         self.medusa_auto: tuple[TreeChoice, dict] | None = None  # the "auto" tree, chosen on first use
         self.lock = threading.Lock()
+        self._persistent: dict = {}
+
+    def persistent(self, key: str, factory):
+        """The object kept under ``key`` for this engine's lifetime, made by ``factory()`` on first use
+        (the step-cost curve; learned state under ``learned/``: suffix caches, recycling tables)."""
+        if key not in self._persistent:
+            self._persistent[key] = factory()
+        return self._persistent[key]
+
+    def forget(self, prefix: str = "") -> None:
+        """Drop the persistent state whose key starts with ``prefix`` (all when empty)."""
+        for key in [k for k in self._persistent if k.startswith(prefix)]:
+            del self._persistent[key]
 
     @classmethod
     def load(cls, target: str, draft: str | None = None, medusa: str | None = None,
@@ -344,6 +373,15 @@ class Engine:
         reason = self.unavailable_reason(spec.name)
         if reason:
             raise ValueError(f"{spec.name} is unavailable: {reason}")
+        if spec.name in _registry.METHODS:
+            return _registry.METHODS[spec.name].build(self, params)
+        budget = params.pop("budget", None)
+        drafter = self._legacy_drafter(spec, params)
+        if budget == BUDGET_AUTO:
+            drafter.budget_cost = engine_step_cost(self)
+        return drafter
+
+    def _legacy_drafter(self, spec: MethodSpec, params: dict) -> Drafter:
         factories: dict[str, Callable[[], Drafter]] = {
             BASELINE: lambda: AutoregressiveDrafter(),
             "prompt_lookup": lambda: PromptLookupDrafter(**params),

@@ -13,6 +13,7 @@ from typing import Iterator
 
 import torch
 
+from .budget import apply_budget
 from .detok import IncrementalDetokenizer
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_TARGET, RunStats, StepEvent
@@ -117,6 +118,8 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
             tail = detok.flush()
             if tail:
                 pieces.append((tail, sources[-1] if sources else SOURCE_TARGET))
+        if reason is not None:
+            drafter.finish(list(tokens), prompt_len)  # drafters that learn across runs keep the output
         return StepEvent(method, step, new, sources, pieces, proposed, accepted_kept, seconds, margins,
                          stats.snapshot(), finished=reason is not None, finish_reason=reason)
 
@@ -137,6 +140,7 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
     step = 0
     while not event.finished:
         if cancel is not None and cancel.is_set():
+            drafter.finish(list(tokens), prompt_len)
             yield StepEvent(method, step + 1, [], [], [], 0, 0, 0.0, [], stats.snapshot(), True, "cancelled")
             return
         step += 1
@@ -148,6 +152,8 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         state = DecodeState(tokens, prompt_len, sampling, generator, max(budget, 0), target.device, target.vocab_size,
                             hidden)
         cand = drafter.propose(state)
+        if drafter.budget_cost is not None:  # the per-step budget: keep what pays on this device
+            cand = apply_budget(cand, drafter.budget_cost)
         if len(cand) and max(cand.depths()) > state.budget:
             raise RuntimeError(f"{type(drafter).__name__} proposed a tree deeper than the budget {state.budget}")
         t_draft = target.clock() - t0
@@ -180,7 +186,8 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         new = [int(cand.tokens[c]) for c in verdict.path] + [verdict.bonus_token]
         sources = [cand.sources[c] for c in verdict.path] + [SOURCE_TARGET]
         hidden = hidden_rows[rows[-1]] if needs_hidden else None
-        drafter.update(StepResult(cand, verdict.path, verdict.bonus_token, tokens + new, extra_logits, hidden))
+        drafter.update(StepResult(cand, verdict.path, verdict.bonus_token, tokens + new, extra_logits, hidden,
+                                  logits))
         seconds = target.clock() - t0
         depth = max(cand.depths()) if len(cand) else 0
         event = emit(new, sources, _margins(logits[rows]), step, len(cand), len(verdict.path), seconds,

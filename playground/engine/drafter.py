@@ -66,6 +66,9 @@ class StepResult:
             when the proposal had no extra queries).
         hidden: ``(hidden_size,)`` the target's last hidden state at the last accepted node
             (the bonus token's parent); only for drafters with ``needs_hidden``.
+        logits: ``(num_nodes + 1, vocab_size)`` float32 logits of the verification pass over the
+            root and the candidates (row 0: the root; row i + 1: candidate i), extras excluded.
+            Token recycling keeps their top-k; it costs nothing (the verifier computed them).
     """
 
     candidates: Candidates
@@ -74,6 +77,7 @@ class StepResult:
     tokens: list[int] = field(default_factory=list)
     extra_logits: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
 
 
 class Drafter:
@@ -91,6 +95,9 @@ class Drafter:
             (``DecodeState.features``), numbered as transformers' ``output_hidden_states``: 0 = the
             embeddings, i = the output of decoder layer i; the target computes only these (forward
             hooks), and only for drafters that name some. Empty: none.
+        budget_cost: this device's step cost (:class:`~playground.engine.budget.StepCost`) when the
+            ``budget`` knob is ``auto`` (the loop then prunes each proposal with
+            :func:`~playground.engine.budget.apply_budget`); None: every candidate is verified.
     """
 
     name = "drafter"
@@ -99,6 +106,7 @@ class Drafter:
     needs_hidden = False
     typical = None
     feature_layers: tuple[int, ...] = ()
+    budget_cost = None
 
     def begin(self, prompt_ids: list[int]) -> None:
         """Forget any previous sequence; a new run starts with ``prompt_ids``."""
