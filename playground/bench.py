@@ -80,6 +80,8 @@ KNOB_FLAGS: dict[str, tuple[str, ...]] = {
     "posterior_alpha": ("posterior_alpha",),
     "tree": ("tree_choices", "tree"),
     "acceptance": ("acceptance",),
+    "budget": ("budget",),
+    "members": ("members",),
 }
 
 
@@ -659,6 +661,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"medusa: candidate tree, a preset ({', '.join(TREE_PRESET_NAMES)}) or a JSON list of "
                         "paths such as '[[0], [0, 0], [1]]', each no deeper than the heads loaded (default: auto, "
                         "chosen for this device)")
+    g.add_argument("--budget", choices=("auto", "off"),
+                   help="every method but the baseline: 'auto' verifies only the candidates whose expected accepted "
+                        "tokens pay for their cost on this device (measured once at load); 'off' verifies all "
+                        "(default: auto)")
+    g.add_argument("--members", metavar="LIST",
+                   help="mixture: comma-separated drafters merged into one tree, among suffix, prompt_lookup, "
+                        "recycling, lookahead, medusa (default: suffix,recycling,prompt_lookup)")
     g.add_argument("--acceptance", choices=("exact", "typical"),
                    help="medusa: 'exact' keeps the target's output (lossless); 'typical' accepts more tokens but "
                         "may change the output, tuned by --posterior-* (default: exact)")
@@ -877,6 +886,10 @@ def _main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         warm_up(engine, specs, settings, args.warmup)
+        # Methods that learn across runs (suffix caches, recycling tables) forget the warm-up output:
+        # the timed runs see only earlier questions' outputs of the same method.
+        if hasattr(engine, "forget"):
+            engine.forget("learned/")
     except ValueError as e:
         raise BenchError(f"warm-up failed: {e}") from None
     try:

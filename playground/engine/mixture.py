@@ -191,15 +191,26 @@ class MixtureDrafter(Drafter):
 
 
 def _build(engine, params: dict) -> MixtureDrafter:
+    from .recycling import RECYCLING_METHOD, build_recycling
     from .registry import MethodSpec
+    from .suffix import SUFFIX_METHOD, build_suffix
+
+    def defaults(info) -> dict:
+        return {**{k.name: k.default for k in info.knobs}, "budget": "off"}
 
     def make(p: dict) -> MixtureDrafter:
         members = []
         for name in parse_members(p["members"]).split(","):
             if name == "medusa" and getattr(engine, "medusa", None) is None:
                 continue  # Medusa joins only when heads are loaded
-            # Each member with its default knobs and no budget of its own: the merged tree is pruned.
-            members.append((name, engine.make_drafter(MethodSpec(name, {"budget": "off"}))))
+            # Each member with its default knobs and no budget of its own (the merged tree is pruned);
+            # learned state of its own (the mixture never reads what the suffix method learnt).
+            if name == "suffix":
+                members.append((name, build_suffix(engine, defaults(SUFFIX_METHOD), owner="mixture")))
+            elif name == "recycling":
+                members.append((name, build_recycling(engine, defaults(RECYCLING_METHOD), owner="mixture")))
+            else:
+                members.append((name, engine.make_drafter(MethodSpec(name, {"budget": "off"}))))
         return MixtureDrafter(members)
     return build_with_budget(engine, params, make)
 

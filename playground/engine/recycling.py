@@ -211,12 +211,14 @@ class RecyclingDrafter(Drafter):
         return {"table_rows": int((self.table.table[:, 0] >= 0).sum()), "steps_with_hits": self.steps_with_hits}
 
 
-def _build(engine, params: dict) -> RecyclingDrafter:
+def build_recycling(engine, params: dict, owner: str = "recycling") -> RecyclingDrafter:
+    """A :class:`RecyclingDrafter` whose table is the engine's, kept under ``learned/<owner>/`` (each
+    method that recycles learns from its own runs only; the benchmark forgets ``learned/`` after
+    warm-up)."""
     vocab = engine.target_lm.vocab_size
 
     def make(p: dict) -> RecyclingDrafter:
-        # The table lives in the engine (learned state: the benchmark forgets it after warm-up).
-        table = engine.persistent(f"learned/recycling/{p['top_k']}", lambda: AdjacencyTable(vocab, p["top_k"]))
+        table = engine.persistent(f"learned/{owner}/recycling/{p['top_k']}", lambda: AdjacencyTable(vocab, p["top_k"]))
         return RecyclingDrafter(vocab, **p, table=table)
     return build_with_budget(engine, params, make)
 
@@ -226,4 +228,4 @@ RECYCLING_METHOD = register(MethodInfo(
     description="The target's top-k candidates from every verification fill an adjacency table (token -> likely "
                 "next tokens); a static tree is filled from it breadth-first (Luo et al. 2024). Learns across runs.",
     lossless=True, knobs=with_budget_knob(RECYCLING_KNOBS), sources=(SOURCE_TARGET, SOURCE_RECYCLING),
-    source_labels={SOURCE_RECYCLING: "token recycling"}, build=_build, learns_across_runs=True))
+    source_labels={SOURCE_RECYCLING: "token recycling"}, build=build_recycling, learns_across_runs=True))

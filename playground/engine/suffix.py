@@ -335,10 +335,12 @@ class SuffixDrafter(Drafter):
                 "global_hits": self.hits["global"]}
 
 
-def _build(engine, params: dict) -> SuffixDrafter:
+def build_suffix(engine, params: dict, owner: str = "suffix") -> SuffixDrafter:
+    """A :class:`SuffixDrafter` whose global cache is the engine's, kept under ``learned/<owner>/``:
+    each method that runs suffix decoding (``suffix``, a mixture) learns only from its own outputs
+    (the benchmark forgets ``learned/`` after warm-up)."""
     def make(p: dict) -> SuffixDrafter:
-        # The global cache lives in the engine (learned state: the benchmark forgets it after warm-up).
-        cache = engine.persistent(f"learned/suffix/{p['max_depth']}",
+        cache = engine.persistent(f"learned/{owner}/suffix/{p['max_depth']}",
                                   lambda: SuffixCache(p["max_depth"], p["cache_outputs"]))
         return SuffixDrafter(**p, cache=cache)
     return build_with_budget(engine, params, make)
@@ -349,4 +351,4 @@ SUFFIX_METHOD = register(MethodInfo(
     description="Suffix trees over the prompt, the output so far and earlier outputs propose a frequency-scored "
                 "tree; longer matches speculate further (Oliaro et al. 2024). Learns across runs.",
     lossless=True, knobs=with_budget_knob(SUFFIX_KNOBS), sources=(SOURCE_TARGET, SOURCE_SUFFIX),
-    source_labels={SOURCE_SUFFIX: "suffix tree"}, build=_build, learns_across_runs=True))
+    source_labels={SOURCE_SUFFIX: "suffix tree"}, build=build_suffix, learns_across_runs=True))
