@@ -199,7 +199,7 @@ class RecyclingDrafter(Drafter):
         if result.logits.shape[0] != n + 1:
             raise ValueError(f"StepResult.logits must have shape (num_nodes + 1, vocab_size) = ({n + 1}, V), "
                              f"got {tuple(result.logits.shape)}")
-        top = torch.topk(result.logits, self.table.top_k, dim=-1).indices  # (n + 1, top_k)
+        top = torch.topk(result.logits, min(self.table.top_k, result.logits.shape[-1]), dim=-1).indices  # (n + 1, k)
         root = result.tokens[len(result.tokens) - len(result.path) - 2]
         inputs = torch.cat([torch.tensor([root], dtype=torch.long), cand.tokens.cpu()])
         on_path = [0] + [c + 1 for c in result.path]
