@@ -594,7 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "prompt), or a built-in set: spec_bench, humaneval (default: spec_bench)")
     g.add_argument("--methods", default="autoregressive,prompt_lookup", metavar="LIST",
                    help="comma-separated methods among autoregressive, prompt_lookup, draft_model, lookahead, "
-                        "medusa; autoregressive (the baseline every speedup is measured against) is added when "
+                        "medusa, suffix, recycling, mixture; autoregressive (the baseline every speedup is measured against) is added when "
                         "missing and always runs first (default: autoregressive,prompt_lookup)")
     g.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
                    help=f"most new tokens per answer, 1 to {MAX_NEW_TOKENS}; the prompt and the answer must fit "
@@ -731,6 +731,9 @@ def check_runnable(engine, specs: list, max_new_tokens: int, questions: list[Que
     if max_new_tokens >= context:
         raise BenchError(f"--max-new-tokens {max_new_tokens} leaves no room for the prompt: {target.name}'s context "
                          f"holds {context} tokens, prompt and answer together; use fewer new tokens")
+    # The questions first: building drafters may time the device (Medusa's auto tree, the budget's
+    # step cost), which a run refused for its questions should not wait for.
+    _check_some_question_fits(engine, max_new_tokens, questions)
     for s in specs:
         try:
             engine.make_drafter(s)
@@ -738,6 +741,12 @@ def check_runnable(engine, specs: list, max_new_tokens: int, questions: list[Que
             raise BenchError(f"{s.name} cannot run: --tree: {e}") from None
         except ValueError as e:
             raise BenchError(f"{s.name} cannot run: {e}") from None
+
+
+def _check_some_question_fits(engine, max_new_tokens: int, questions) -> None:
+    """Raise BenchError (naming the largest --max-new-tokens that fits) when no first prompt fits."""
+    target = engine.target
+    context = target.context_length
     if not questions:
         return
     shortest = None

@@ -362,11 +362,18 @@ def engine_step_cost(engine) -> StepCost:
     :data:`CALIBRATION_PROMPT` (or fixed ids for a bare model without a tokenizer)."""
     def measure() -> StepCost:
         target = engine.target_lm
+        ids = [1 + i % (target.vocab_size - 1) for i in range(16)]  # a bare model (tests, API users)
         if getattr(engine.target, "tokenizer", None) is not None:
-            ids = engine.encode_prompt(CALIBRATION_PROMPT)
-        else:
-            ids = [1 + i % (target.vocab_size - 1) for i in range(16)]
-        return measure_step_cost(target, ids)
+            try:
+                ids = engine.encode_prompt(CALIBRATION_PROMPT)
+            except ValueError:  # a context too small for the calibration prompt: the fixed ids
+                pass
+        # Fit the context: the prompt, the steps' new tokens and the largest pass.
+        ctx = int(getattr(engine.target, "context_length", 0) or 1 << 30)
+        rounds = 8
+        ids = ids[:max(1, min(len(ids), ctx // 2))]
+        sizes = [q for q in STEP_COST_SIZES if len(ids) + rounds + 4 + q <= ctx] or [2]
+        return measure_step_cost(target, ids, sizes, rounds)
     return engine.persistent("step_cost", measure)
 
 
