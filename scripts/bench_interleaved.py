@@ -32,6 +32,7 @@ def parse_method(text: str):
     params = {}
     for item in filter(None, rest.split(";")):
         k, _, v = item.partition("=")
+        v = v.replace("+", ",")  # members=suffix+recycling: commas separate methods
         try:
             params[k] = json.loads(v)
         except json.JSONDecodeError:
@@ -42,7 +43,8 @@ def parse_method(text: str):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--questions", required=True)
-    ap.add_argument("--methods", required=True, help="comma-separated NAME[:knob=value;knob=value]")
+    ap.add_argument("--methods", required=True,
+                    help="comma-separated NAME[:knob=value;knob=value] (a list value joined by '+')")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default="float32")

@@ -47,7 +47,7 @@ BUDGET_KNOB = ChoiceKnob(
          "device (measured once at load), and take a plain step when nothing pays. off: verify every candidate.")
 """The ``budget`` knob every method has (:func:`with_budget_knob`)."""
 
-STEP_COST_SIZES = (2, 3, 4, 5, 7, 9, 13, 17, 25, 33)
+STEP_COST_SIZES = (2, 3, 5, 9, 17, 33)
 """Query counts (root included) whose decoding-step cost :func:`measure_step_cost` times."""
 
 
@@ -119,29 +119,40 @@ class _FixedDrafter:
         return {}
 
 
+MIN_COST_SLOPE = 0.02
+"""Floor on the cost of each extra query, relative to a plain step: a pass over more tokens is never
+free on a CPU, and a loaded machine's timing noise must not make big trees look so."""
+
+
 def measure_step_cost(target, prompt_ids: list[int], sizes: Sequence[int] = STEP_COST_SIZES,
-                      rounds: int = 8) -> StepCost:
+                      rounds: int = 10, seed: int = 0) -> StepCost:
     """Time real decoding steps that verify q - 1 candidate nodes, against plain decoding steps.
 
-    Steps (as ``medusa_trees.measure_step_cost`` does for Medusa trees): 1. start one greedy decode
-    of ``prompt_ids`` per (q, shape), the candidates fixed tokens (rejected almost always, so every
-    step also commits one token, as a failed speculation does), plus one plain decode; 2. step them
-    round-robin for ``rounds`` rounds (the first two steps untimed), so that drift in the machine's
-    speed hits all alike; 3. cost(q) = median step seconds / median plain step seconds, made
-    non-decreasing in q (a dip is timing noise).
+    Steps (as ``medusa_trees.measure_step_cost`` does for Medusa trees, made robust to a shared,
+    loaded machine): 1. start one greedy decode of ``prompt_ids`` per (q, shape), the candidates
+    fixed tokens (rejected almost always, so every step commits one token, as a failed speculation
+    does), plus one plain decode; 2. step them for ``rounds`` rounds, in a freshly shuffled order each
+    round (the first two steps untimed), so that drift in the machine's speed hits all alike;
+    3. per size the lower quartile of its step times (load only ever adds time); 4. per shape a
+    least-squares line ``t(q) = a + b (q - 1)`` through those for q >= 2 (one noisy size cannot
+    bend the curve); 5. cost(q) = t(q) / t_plain, at least ``1 + MIN_COST_SLOPE (q - 1)``.
 
     Args:
         target: the target :class:`~playground.engine.target.CausalLM`.
         prompt_ids: ``(prompt_len,)`` a prompt to decode from (the cache grows by one token a step).
         sizes: query counts q >= 2 to time (root included).
         rounds: timed steps per size.
+        seed: seeds the order shuffles.
 
     Returns:
-        :class:`StepCost` (chain and tree curves; ``seconds`` hold the medians in seconds).
+        :class:`StepCost` (chain and tree curves at q = 1, 2, 3, 5, 9, 17, 33, 65; ``seconds`` hold the
+        measured lower quartiles in seconds).
 
     Raises:
         ValueError: an empty prompt or ``rounds`` below 1.
     """
+    import random
+
     from .autoregressive import AutoregressiveDrafter
     from .decoding import GenerationSettings, decode
 
@@ -156,18 +167,37 @@ def measure_step_cost(target, prompt_ids: list[int], sizes: Sequence[int] = STEP
         for shape in ("chain", "tree"):
             runs[(shape, q)] = decode(target, _FixedDrafter(q - 1, shape == "chain", token), prompt_ids, settings)
     times: dict = {key: [] for key in runs}
+    rng = random.Random(seed)
+    order = list(runs)
     for _ in range(rounds + 2):
-        for key, gen in runs.items():
-            event = next(gen, None)
+        rng.shuffle(order)
+        for key in order:
+            event = next(runs[key], None)
             if event is not None and event.step > 1 and not event.finished:
                 times[key].append(event.seconds)
-    base = statistics.median(times[("plain", 1)])
+
+    def low(ts: list[float]) -> float:
+        ts = sorted(ts)
+        return ts[(len(ts) - 1) // 4]
+
+    base = low(times[("plain", 1)])
     curves = {}
     for shape in ("chain", "tree"):
-        seconds = {1: base, **{q: statistics.median(t) for (s, q), t in times.items() if s == shape and t}}
-        curves[shape] = VerifyCost({q: s / base for q, s in seconds.items()}, seconds,
-                                   source=f"decoding steps verifying a {shape} of q - 1 nodes, "
-                                          "relative to plain steps").monotone()
+        points = [(q, low(t)) for (s, q), t in times.items() if s == shape and t]
+        seconds = {1: base, **dict(points)}
+        if len(points) >= 2:
+            xs, ys = [q - 1 for q, _ in points], [t for _, t in points]
+            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+            b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / max(1e-12, sum((x - mx) ** 2 for x in xs))
+            a = my - b * mx
+        else:
+            a, b = (points[0][1], 0.0) if points else (base, 0.0)
+        table = {1: 1.0}
+        for q in (2, 3, 5, 9, 17, 33, 65):
+            table[q] = max(1.0 + MIN_COST_SLOPE * (q - 1), (a + b * (q - 1)) / base)
+        curves[shape] = VerifyCost(table, seconds, source=f"decoding steps verifying a {shape} of q - 1 nodes "
+                                                          "(lower quartiles, a least-squares line), relative to "
+                                                          "plain steps").monotone()
     return StepCost(curves["chain"], curves["tree"])
 
 
@@ -370,7 +400,7 @@ def engine_step_cost(engine) -> StepCost:
                 pass
         # Fit the context: the prompt, the steps' new tokens and the largest pass.
         ctx = int(getattr(engine.target, "context_length", 0) or 1 << 30)
-        rounds = 8
+        rounds = 10
         ids = ids[:max(1, min(len(ids), ctx // 2))]
         sizes = [q for q in STEP_COST_SIZES if len(ids) + rounds + 4 + q <= ctx] or [2]
         return measure_step_cost(target, ids, sizes, rounds)
