@@ -105,3 +105,22 @@ def test_streamed_text_equals_final_text():
 
 def test_sampling_matches_target_distribution():
     checks.sampling_exact(factory)
+
+
+def test_learned_state_is_never_shared_between_methods_or_settings():
+    """Each method and setting has its own suffix cache and recycling table in the engine (runs of one
+    setting share them, so it learns across runs); running two side by side, neither learns from the
+    other's passes on the same prompt."""
+    from helpers import FakeLoaded, tiny_llama
+    from playground.engine.compare import Engine, MethodSpec
+
+    engine = Engine(FakeLoaded(tiny_llama(0)))
+    build = lambda name, params=None: engine.make_drafter(MethodSpec(name, dict(params or {}, budget="off")))  # noqa: E731
+    a, b = build("mixture"), build("mixture")
+    c = build("mixture", {"members": "suffix,recycling"})
+    suffix_alone, suffix_auto = build("suffix"), engine.make_drafter(MethodSpec("suffix"))
+    cache = lambda mix: dict(mix.members)["suffix"].cache  # noqa: E731
+    table = lambda mix: dict(mix.members)["recycling"].table  # noqa: E731
+    assert cache(a) is cache(b) and table(a) is table(b)
+    assert cache(a) is not cache(c) and table(a) is not table(c)
+    assert len({id(cache(a)), id(suffix_alone.cache), id(suffix_auto.cache)}) == 3

@@ -200,15 +200,16 @@ def _build(engine, params: dict) -> MixtureDrafter:
 
     def make(p: dict) -> MixtureDrafter:
         members = []
+        owner = f"mixture[{parse_members(p['members'])}]"  # each members setting learns on its own
         for name in parse_members(p["members"]).split(","):
             if name == "medusa" and getattr(engine, "medusa", None) is None:
                 continue  # Medusa joins only when heads are loaded
             # Each member with its default knobs and no budget of its own (the merged tree is pruned);
             # learned state of its own (the mixture never reads what the suffix method learnt).
             if name == "suffix":
-                members.append((name, build_suffix(engine, defaults(SUFFIX_METHOD), owner="mixture")))
+                members.append((name, build_suffix(engine, defaults(SUFFIX_METHOD), owner=owner)))
             elif name == "recycling":
-                members.append((name, build_recycling(engine, defaults(RECYCLING_METHOD), owner="mixture")))
+                members.append((name, build_recycling(engine, defaults(RECYCLING_METHOD), owner=owner)))
             else:
                 members.append((name, engine.make_drafter(MethodSpec(name, {"budget": "off"}))))
         return MixtureDrafter(members)

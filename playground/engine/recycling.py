@@ -217,8 +217,11 @@ def build_recycling(engine, params: dict, owner: str = "recycling") -> Recycling
     warm-up)."""
     vocab = engine.target_lm.vocab_size
 
+    key = f"learned/{owner}/recycling/" + ",".join(f"{k}={params[k]}" for k in sorted(params))
+
     def make(p: dict) -> RecyclingDrafter:
-        table = engine.persistent(f"learned/{owner}/recycling/{p['top_k']}", lambda: AdjacencyTable(vocab, p["top_k"]))
+        # One table per owner and settings (the budget included): no two methods share state.
+        table = engine.persistent(key, lambda: AdjacencyTable(vocab, p["top_k"]))
         return RecyclingDrafter(vocab, **p, table=table)
     return build_with_budget(engine, params, make)
 

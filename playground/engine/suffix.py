@@ -339,9 +339,11 @@ def build_suffix(engine, params: dict, owner: str = "suffix") -> SuffixDrafter:
     """A :class:`SuffixDrafter` whose global cache is the engine's, kept under ``learned/<owner>/``:
     each method that runs suffix decoding (``suffix``, a mixture) learns only from its own outputs
     (the benchmark forgets ``learned/`` after warm-up)."""
+    key = f"learned/{owner}/suffix/" + ",".join(f"{k}={params[k]}" for k in sorted(params))
+
     def make(p: dict) -> SuffixDrafter:
-        cache = engine.persistent(f"learned/{owner}/suffix/{p['max_depth']}",
-                                  lambda: SuffixCache(p["max_depth"], p["cache_outputs"]))
+        # One cache per owner and settings (the budget included): no two methods share state.
+        cache = engine.persistent(key, lambda: SuffixCache(p["max_depth"], p["cache_outputs"]))
         return SuffixDrafter(**p, cache=cache)
     return build_with_budget(engine, params, make)
 
