@@ -120,8 +120,8 @@ class _FixedDrafter:
 
 
 MIN_COST_SLOPE = 0.02
-"""Floor on the cost of each extra query, relative to a plain step: a pass over more tokens is never
-free on a CPU, and a loaded machine's timing noise must not make big trees look so."""
+"""Floor on the cost of each query beyond two, relative to a plain step: a pass over more tokens is
+never free on a CPU, and a loaded machine's timing noise must not make big trees look so."""
 
 
 def measure_step_cost(target, prompt_ids: list[int], sizes: Sequence[int] = STEP_COST_SIZES,
@@ -135,7 +135,9 @@ def measure_step_cost(target, prompt_ids: list[int], sizes: Sequence[int] = STEP
     round (the first two steps untimed), so that drift in the machine's speed hits all alike;
     3. per size the lower quartile of its step times (load only ever adds time); 4. per shape a
     least-squares line ``t(q) = a + b (q - 1)`` through those for q >= 2 (one noisy size cannot
-    bend the curve); 5. cost(q) = t(q) / t_plain, at least ``1 + MIN_COST_SLOPE (q - 1)``.
+    bend the curve), its slope at least ``MIN_COST_SLOPE`` of a plain step; 5. cost(q) = t(q) /
+    t_plain. cost(2) may be below 1: where a plain step's one-row kernels are slower than a
+    two-query pass, proposing one token is then cheaper than proposing none.
 
     Args:
         target: the target :class:`~playground.engine.target.CausalLM`.
@@ -161,9 +163,12 @@ def measure_step_cost(target, prompt_ids: list[int], sizes: Sequence[int] = STEP
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     token = int(prompt_ids[-1])
-    settings = GenerationSettings(max_new_tokens=rounds + 4)
+    sizes = sorted({int(s) for s in sizes if s >= 2})
+    # Room for every step's new token and, at the last step, the largest proposal (the loop caps a
+    # proposal at the tokens left: a short run would time smaller passes than asked).
+    settings = GenerationSettings(max_new_tokens=rounds + 4 + max(sizes, default=1))
     runs = {("plain", 1): decode(target, AutoregressiveDrafter(), prompt_ids, settings)}
-    for q in sorted({int(s) for s in sizes if s >= 2}):
+    for q in sizes:
         for shape in ("chain", "tree"):
             runs[(shape, q)] = decode(target, _FixedDrafter(q - 1, shape == "chain", token), prompt_ids, settings)
     times: dict = {key: [] for key in runs}
@@ -192,12 +197,13 @@ def measure_step_cost(target, prompt_ids: list[int], sizes: Sequence[int] = STEP
             a = my - b * mx
         else:
             a, b = (points[0][1], 0.0) if points else (base, 0.0)
-        table = {1: 1.0}
-        for q in (2, 3, 5, 9, 17, 33, 65):
-            table[q] = max(1.0 + MIN_COST_SLOPE * (q - 1), (a + b * (q - 1)) / base)
+        # Through the fitted two-query cost, rising at least MIN_COST_SLOPE a query. It may start below
+        # 1: on some CPUs the one-row kernels make a plain step dearer than a two-query one (seen here).
+        t2, slope = a + b, max(b, MIN_COST_SLOPE * base)
+        table = {1: 1.0, **{q: max(1e-3, (t2 + slope * (q - 2)) / base) for q in (2, 3, 5, 9, 17, 33, 65)}}
         curves[shape] = VerifyCost(table, seconds, source=f"decoding steps verifying a {shape} of q - 1 nodes "
                                                           "(lower quartiles, a least-squares line), relative to "
-                                                          "plain steps").monotone()
+                                                          "plain steps")
     return StepCost(curves["chain"], curves["tree"])
 
 
@@ -402,7 +408,7 @@ def engine_step_cost(engine) -> StepCost:
         ctx = int(getattr(engine.target, "context_length", 0) or 1 << 30)
         rounds = 10
         ids = ids[:max(1, min(len(ids), ctx // 2))]
-        sizes = [q for q in STEP_COST_SIZES if len(ids) + rounds + 4 + q <= ctx] or [2]
+        sizes = [q for q in STEP_COST_SIZES if len(ids) + rounds + 4 + 2 * q <= ctx] or [2]
         return measure_step_cost(target, ids, sizes, rounds)
     return engine.persistent("step_cost", measure)
 
