@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from helpers import FakeLoaded, clear_greedy_baseline, run_events, tiny_llama
+from helpers import FakeLoaded, clear_greedy_baseline, tiny_llama
 from playground.engine.budget import (AcceptanceEstimator, StepCost, apply_budget, best_subtree,
                                       best_subtree_reference, measure_step_cost, node_paths, subset)
 from playground.engine.compare import Engine, MethodSpec

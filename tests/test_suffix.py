@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 import drafter_checks as checks
 from playground.engine.suffix import SuffixCache, SuffixDrafter, SuffixTree, reference_counts

@@ -29,12 +29,12 @@ from the verdicts of the nodes the target actually tested.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
 
 import torch
 
+from .drafter import Drafter
 from .limits import ChoiceKnob
 from .theory import VerifyCost
 from .tree import Candidates, ExtraQueries
@@ -80,43 +80,25 @@ def _cost(cost: CostLike, queries: int, is_chain: bool) -> float:
     return float(cost(queries))
 
 
-class _FixedDrafter:
-    """Proposes ``n`` nodes of fixed tokens (a chain, or a binary tree) every step: timing only."""
+class _FixedDrafter(Drafter):
+    """Proposes ``n`` nodes of one fixed token (a chain, or a binary tree) every step: timing only."""
 
     name = "step_cost_probe"
     source = "probe"
-    lossless = True
-    needs_hidden = False
-    typical = None
-    feature_layers = ()
-    budget_cost = None
 
     def __init__(self, n: int, chain: bool, token: int):
         self.n, self.token = n, token
         self.parents = torch.arange(-1, n - 1) if chain else torch.tensor([(i - 1) // 2 for i in range(n)])
 
-    def begin(self, prompt_ids):
-        pass
-
-    def propose(self, state):
-        from .tree import Candidates as C
+    def propose(self, state) -> Candidates:
         n = min(self.n, state.budget)
         if n <= 0:
-            return C.empty(state.device)
+            return Candidates.empty(state.device)
         # Node i of a binary tree sits at depth floor(log2(i + 1)) + 1 <= budget: trim to fit.
         parents = self.parents[:n]
-        depths = C(torch.zeros(n, dtype=torch.long), parents, [""] * n).depths()
+        depths = Candidates(torch.zeros(n, dtype=torch.long), parents, [""] * n).depths()
         n = sum(1 for d in depths if d <= state.budget)
-        return C(torch.full((n,), self.token, dtype=torch.long), parents[:n].clone(), [self.source] * n)
-
-    def update(self, result):
-        pass
-
-    def finish(self, tokens, prompt_len):
-        pass
-
-    def info(self):
-        return {}
+        return Candidates(torch.full((n,), self.token, dtype=torch.long), parents[:n].clone(), [self.source] * n)
 
 
 MIN_COST_SLOPE = 0.02
