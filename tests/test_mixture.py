@@ -124,3 +124,8 @@ def test_learned_state_is_never_shared_between_methods_or_settings():
     assert cache(a) is cache(b) and table(a) is table(b)
     assert cache(a) is not cache(c) and table(a) is not table(c)
     assert len({id(cache(a)), id(suffix_alone.cache), id(suffix_auto.cache)}) == 3
+    # acceptance calibrations too: kept across runs of one setting, never shared with another method
+    lookup = build("prompt_lookup")
+    assert build("prompt_lookup").estimator is lookup.estimator
+    assert dict(a.members)["prompt_lookup"].estimator is not lookup.estimator
+    assert dict(a.members)["suffix"].estimator is not suffix_alone.estimator

@@ -395,13 +395,20 @@ def engine_step_cost(engine) -> StepCost:
     return engine.persistent("step_cost", measure)
 
 
-def build_with_budget(engine, params: dict, make):
-    """``make(params without budget)``, with ``budget_cost`` set when the ``budget`` knob is ``auto``.
+def build_with_budget(engine, params: dict, make, owner: str | None = None):
+    """``make(params without budget)``, with ``budget_cost`` set when the ``budget`` knob is ``auto``,
+    and its acceptance estimator (an ``estimator`` attribute) replaced by the engine's one for this
+    ``owner`` and these params (``learned/<owner>/acceptance/...``): the calibration keeps learning
+    across runs instead of starting from the priors every run (the benchmark forgets ``learned/``
+    after warm-up, so it learns from earlier questions only).
 
     Every method's ``build`` goes through here, so the knob means the same for all."""
+    key = ",".join(f"{k}={params[k]}" for k in sorted(params))
     params = dict(params)
-    mode = params.pop("budget", BUDGET_KNOB.default)
+    mode = params.pop("budget", BUDGET_OFF)  # a method without the knob (the baseline) has no budget
     drafter = make(params)
     if mode == BUDGET_AUTO and engine is not None:
         drafter.budget_cost = engine_step_cost(engine)
+    if owner and engine is not None and isinstance(getattr(drafter, "estimator", None), AcceptanceEstimator):
+        drafter.estimator = engine.persistent(f"learned/{owner}/acceptance/{key}", AcceptanceEstimator)
     return drafter

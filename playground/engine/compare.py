@@ -84,7 +84,7 @@ METHODS: dict[str, MethodInfo] = {m.name: m for m in (
 # mixture) join METHODS and SOURCE_LABELS below.
 from . import methods as _methods  # noqa: E402,F401  (registers the new methods)
 from . import registry as _registry  # noqa: E402
-from .budget import BUDGET_AUTO, BUDGET_KNOB, engine_step_cost  # noqa: E402
+from .budget import BUDGET_KNOB, build_with_budget  # noqa: E402
 
 for _name, _info in list(METHODS.items()):
     if _name != BASELINE:
@@ -375,11 +375,7 @@ class Engine:
             raise ValueError(f"{spec.name} is unavailable: {reason}")
         if spec.name in _registry.METHODS:
             return _registry.METHODS[spec.name].build(self, params)
-        budget = params.pop("budget", None)
-        drafter = self._legacy_drafter(spec, params)
-        if budget == BUDGET_AUTO:
-            drafter.budget_cost = engine_step_cost(self)
-        return drafter
+        return build_with_budget(self, params, lambda p: self._legacy_drafter(spec, p), spec.name)
 
     def _legacy_drafter(self, spec: MethodSpec, params: dict) -> Drafter:
         factories: dict[str, Callable[[], Drafter]] = {

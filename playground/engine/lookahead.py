@@ -223,7 +223,7 @@ class LookaheadDrafter(Drafter):
         # Acceptance estimate: the pool's running hit rate by depth and by how many n-grams compete.
         depths, siblings = out.depths(), out.children()
         keys = [(min(d, 4), min(len(siblings[p + 1]), 3)) for d, p in zip(depths, out.parents.tolist())]
-        out.accept_probs = self.estimator.estimate(out, keys, [0.25 if d == 1 else 0.6 for d, _ in keys])
+        out.accept_probs = self.estimator.estimate(out, keys, [0.35 if d == 1 else 0.7 for d, _ in keys])
         return out
 
     def update(self, result: StepResult) -> None:

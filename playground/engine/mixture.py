@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .budget import build_with_budget, with_budget_knob
+from .budget import AcceptanceEstimator, build_with_budget, with_budget_knob
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_LOOKAHEAD, SOURCE_PROMPT_LOOKUP, SOURCE_TARGET
 from .limits import ChoiceKnob
@@ -211,7 +211,10 @@ def _build(engine, params: dict) -> MixtureDrafter:
             elif name == "recycling":
                 members.append((name, build_recycling(engine, defaults(RECYCLING_METHOD), owner=owner)))
             else:
-                members.append((name, engine.make_drafter(MethodSpec(name, {"budget": "off"}))))
+                member = engine.make_drafter(MethodSpec(name, {"budget": "off"}))
+                if isinstance(getattr(member, "estimator", None), AcceptanceEstimator):  # calibration of its own
+                    member.estimator = engine.persistent(f"learned/{owner}/acceptance/{name}", AcceptanceEstimator)
+                members.append((name, member))
         return MixtureDrafter(members)
     return build_with_budget(engine, params, make)
 

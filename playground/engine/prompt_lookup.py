@@ -73,7 +73,7 @@ class PromptLookupDrafter(Drafter):
         # Acceptance estimate: a running hit rate per (match length, depth), from a prior that
         # trusts longer matches and deeper tokens of a copy that has held so far.
         keys = [(min(n, 4), min(d, 6)) for d in range(1, len(found) + 1)]
-        priors = [(0.25 + 0.1 * min(n, 4)) if d == 1 else 0.7 for _, d in keys]
+        priors = [(0.25 + 0.1 * min(n, 4)) if d == 1 else 0.8 for _, d in keys]
         cand.accept_probs = self.estimator.estimate(cand, keys, priors)
         return cand
 

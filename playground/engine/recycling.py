@@ -223,7 +223,7 @@ def build_recycling(engine, params: dict, owner: str = "recycling") -> Recycling
         # One table per owner and settings (the budget included): no two methods share state.
         table = engine.persistent(key, lambda: AdjacencyTable(vocab, p["top_k"]))
         return RecyclingDrafter(vocab, **p, table=table)
-    return build_with_budget(engine, params, make)
+    return build_with_budget(engine, params, make, owner)
 
 
 RECYCLING_METHOD = register(MethodInfo(

@@ -345,7 +345,7 @@ def build_suffix(engine, params: dict, owner: str = "suffix") -> SuffixDrafter:
         # One cache per owner and settings (the budget included): no two methods share state.
         cache = engine.persistent(key, lambda: SuffixCache(p["max_depth"], p["cache_outputs"]))
         return SuffixDrafter(**p, cache=cache)
-    return build_with_budget(engine, params, make)
+    return build_with_budget(engine, params, make, owner)
 
 
 SUFFIX_METHOD = register(MethodInfo(
