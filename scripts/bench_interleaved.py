@@ -45,6 +45,8 @@ def main(argv=None) -> int:
     ap.add_argument("--questions", required=True)
     ap.add_argument("--methods", required=True,
                     help="comma-separated NAME[:knob=value;knob=value] (a list value joined by '+')")
+    ap.add_argument("--per-category", type=int, default=0, metavar="N",
+                    help="keep the first N questions of each category (0: all); first turns only either way")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default="float32")
@@ -61,6 +63,10 @@ def main(argv=None) -> int:
     engine = Engine.load("default", dtype=args.dtype, methods=sorted(names))
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens)
     questions = load_questions(args.questions)
+    if args.per_category:
+        seen: dict = {}
+        questions = [q for q in questions if seen.setdefault(q.category, []).append(q) or
+                     len(seen[q.category]) <= args.per_category]
 
     def run_all(ids, label_drafters):
         outs = {label: RunOutput(label, {}) for label, _ in label_drafters}
