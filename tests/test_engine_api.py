@@ -252,3 +252,17 @@ def test_round_robin_interleaves_methods_and_keeps_separate_statistics(engine, m
         assert last.stats.elapsed_s == pytest.approx(sum(e.seconds for e in evs))
         alone, _ = generate(target, drafters[name], PROMPT, settings)
         assert [t for e in evs for t in e.tokens] == alone, name
+
+
+def test_numbers_that_are_not_usable_are_refused_with_the_bound():
+    """Temperatures too small to divide by, infinities and booleans are refused with a ValueError that
+    names the setting and its range (they used to crash inside torch, raise OverflowError, or run as 1)."""
+    from playground.engine import K_KNOB, SamplingConfig
+
+    with pytest.raises(ValueError, match=r"temperature must be 0 \(greedy\) or in \[0.001, 2.0\], got 1e-40"):
+        SamplingConfig(temperature=1e-40)
+    with pytest.raises(ValueError, match=r"k must be in \[1, 16\], got inf"):
+        K_KNOB.check(float("inf"))
+    with pytest.raises(ValueError, match="k must be a number, got True"):
+        K_KNOB.check(True)
+    assert SamplingConfig(temperature=0.001).temperature == 0.001
