@@ -5,7 +5,7 @@ of the methods on the page and in the benchmark (the baseline first), whichever 
 to be imported first.
 """
 
-from . import autoregressive, draft_model, lookahead, medusa, prompt_lookup
+from . import autoregressive, draft_model, lookahead, medusa, mixture, prompt_lookup, recycling, suffix
 from .registry import (BASELINE, METHODS, MethodInfo, MethodSpec, is_lossless, lossless_check_applies,
                        source_labels)
 
@@ -15,6 +15,9 @@ MODULES = (
     draft_model,
     lookahead,
     medusa,
+    suffix,
+    recycling,
+    mixture,
 )
 """The method modules in page order; each defines ``METHOD`` (its registered :class:`MethodInfo`)."""
 

@@ -20,6 +20,8 @@ SOURCE_COLORS: dict[str, str] = {
     # target's pale blue and from the other drafters: violet, orange, cyan, red, stone grey
     "medusa_head_1": "#c4b5fd", "medusa_head_2": "#fdba74", "medusa_head_3": "#67e8f9",
     "medusa_head_4": "#fca5a5", "medusa_head_5": "#d6d3d1",
+    "suffix": "#99f6e4",         # teal: from a suffix tree (this request's or the global cache)
+    "recycling": "#d9f99d",      # lime: from the token-recycling adjacency table
 }
 """Background colour of each token source: light enough that dark text (:data:`TOKEN_TEXT_COLOR`)
 keeps a contrast above 7:1 on every one, in both themes; no two sources share a hue family."""
