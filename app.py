@@ -79,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--medusa", default=None, metavar="PATH_OR_HUB_ID",
                    help="Medusa heads for the medusa method (reference format); with the default target, the "
                         "heads trained for it in assets/medusa/default load unless 'none'")
+    p.add_argument("--eagle", default=None, metavar="PATH_OR_HUB_ID",
+                   help="EAGLE-3 head for the eagle method (vLLM's eagle3 layout); with the default target, the "
+                        "head trained for it in assets/eagle/default loads unless 'none'")
     p.add_argument("--draft-medusa", default=None, metavar="PATH_OR_HUB_ID",
                    help="Medusa heads trained on the draft model: draft_model's proposer 'medusa_heads' then "
                         "drafts the draft's next token plus its heads' tokens in one draft pass")
@@ -160,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         engine = Engine.load(args.target, args.draft, args.medusa, args.draft_medusa, args.device, args.dtype,
-                             progress=_progress("models"))
+                             progress=_progress("models"), eagle=args.eagle)
     except (ModelLoadError, ValueError) as e:
         print(f"\nerror: {e}", file=sys.stderr, flush=True)
         return 1

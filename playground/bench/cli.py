@@ -54,6 +54,9 @@ KNOB_FLAGS: dict[str, tuple[str, ...]] = {
     "acceptance": ("acceptance",),
     "budget": ("budget",),
     "members": ("members",),
+    "depth": ("depth",),
+    "eagle_top_k": ("top_k",),
+    "total_tokens": ("total_tokens",),
 }
 
 
@@ -170,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "with the default target, the heads shipped in assets/medusa/default; else none)")
     g.add_argument("--draft-medusa", metavar="PATH_OR_HUB_ID",
                    help="Medusa heads trained on the draft model, needed by --proposer medusa_heads (default: none)")
+    g.add_argument("--eagle", metavar="PATH_OR_HUB_ID",
+                   help="EAGLE-3 head trained on the target, for the eagle method; 'none' for no head (default: "
+                        "with the default target, the head shipped in assets/eagle/default; else none)")
     g.add_argument("--device", default="auto",
                    help="auto, cpu, cuda, cuda:N or mps (default: auto, a GPU when there is one, else the CPU)")
     g.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
@@ -228,6 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
                         f"min(threshold, alpha * exp(-entropy)) ({bounds(POSTERIOR_THRESHOLD_KNOB)})")
     g.add_argument("--posterior-alpha", type=float, metavar="X",
                    help=f"medusa with --acceptance typical: the alpha above ({bounds(POSTERIOR_ALPHA_KNOB)})")
+    g.add_argument("--depth", type=int, metavar="D", help="eagle: draft levels per step (default: 6)")
+    g.add_argument("--eagle-top-k", type=int, metavar="K",
+                   help="eagle: nodes expanded per level and children per expanded node (default: 8)")
+    g.add_argument("--total-tokens", metavar="N",
+                   help="eagle: tree nodes verified per step, or auto (chosen per step from this device's "
+                        "verify-cost curve; default: auto)")
     from playground.backends.vllm.bench import add_arguments as add_backend_arguments
 
     add_backend_arguments(ap)
@@ -250,7 +262,8 @@ def load_engine(args: argparse.Namespace, methods: list[str]):
         print(f"  {message}", file=sys.stderr, flush=True)
     try:
         return Engine.load(args.target, getattr(args, "draft", None), getattr(args, "medusa", None),
-                           getattr(args, "draft_medusa", None), args.device, args.dtype, log, methods=methods)
+                           getattr(args, "draft_medusa", None), args.device, args.dtype, log, methods=methods,
+                           eagle=getattr(args, "eagle", None))
     except (ModelLoadError, ValueError) as e:
         raise BenchError(str(e)) from None
 

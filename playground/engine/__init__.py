@@ -63,6 +63,11 @@ _EXPORTS: dict[str, str] = {
     "greedy_tree": "medusa", "expected_tokens": "medusa", "rank_probs_from_accuracy": "medusa",
     "medusa_tree": "medusa", "describe_medusa_tree": "medusa", "medusa_auto_tree": "medusa",
     "measure_head_accuracy": "medusa", "MC_SIM_7B_63": "medusa", "choose_tree": "medusa",
+    # EAGLE
+    "EagleHead": "eagle", "EagleDrafter": "eagle", "EagleLoadError": "eagle", "load_eagle": "eagle",
+    "read_eagle": "eagle", "save_eagle": "eagle", "eagle_head_config": "eagle", "DEFAULT_EAGLE_DIR": "eagle",
+    "EAGLE_KNOBS": "limits", "MAX_EAGLE_DEPTH": "limits", "MAX_EAGLE_TOP_K": "limits",
+    "MAX_EAGLE_TOTAL_TOKENS": "limits",
     # the CPU fast paths
     "cpu_linear": None, "half_weight_linear_layers": "cpu_linear",
 }

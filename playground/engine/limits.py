@@ -185,6 +185,36 @@ MEDUSA_ACCEPTANCE_KNOB = ChoiceKnob(
     info="exact: the target's own rule (greedy argmax match, or speculative sampling): lossless. "
          "typical: Medusa's typical acceptance, faster but the output may differ from the target's.")
 
+MAX_EAGLE_DEPTH = 10
+"""Deepest EAGLE draft tree (draft levels per step)."""
+MAX_EAGLE_TOP_K = 16
+"""Most children an EAGLE tree node is expanded with."""
+MAX_EAGLE_TOTAL_TOKENS = 64
+"""Most EAGLE tree nodes verified in one step."""
+
+
+def _total_tokens(value) -> int:
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"total_tokens must be auto or an integer in [1, {MAX_EAGLE_TOTAL_TOKENS}], "
+                         f"got {value!r}") from None
+    if not 1 <= n <= MAX_EAGLE_TOTAL_TOKENS:
+        raise ValueError(f"total_tokens must be in [1, {MAX_EAGLE_TOTAL_TOKENS}], got {n}")
+    return n
+
+
+EAGLE_DEPTH_KNOB = Knob("depth", "Tree depth", 1, MAX_EAGLE_DEPTH, 6,
+                        info="EAGLE: draft levels per step (the deepest token a step can accept, plus the bonus).")
+EAGLE_TOP_K_KNOB = Knob("top_k", "Children per node", 1, MAX_EAGLE_TOP_K, 8,
+                        info="EAGLE-2: the top_k best nodes of each level are expanded with their top_k children.")
+EAGLE_TOTAL_TOKENS_KNOB = ChoiceKnob(
+    "total_tokens", "Tree nodes verified", ("auto",), "auto", parse=_total_tokens,
+    custom_label=f"an integer in [1, {MAX_EAGLE_TOTAL_TOKENS}]",
+    info="EAGLE-2: verify the best nodes by cumulative draft probability; auto: per step, as many as pay for "
+         "their verification on this device's measured cost curve.")
+EAGLE_KNOBS = (EAGLE_DEPTH_KNOB, EAGLE_TOP_K_KNOB, EAGLE_TOTAL_TOKENS_KNOB)
+
 GENERATION_KNOBS = (MAX_NEW_TOKENS_KNOB, TEMPERATURE_KNOB, TOP_P_KNOB, TOP_K_KNOB, SEED_KNOB)
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")

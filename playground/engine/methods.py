@@ -5,7 +5,8 @@ of the methods on the page and in the benchmark (the baseline first), whichever 
 to be imported first.
 """
 
-from . import autoregressive, draft_model, lookahead, medusa, mixture, prompt_lookup, recycling, suffix
+from . import (autoregressive, draft_model, eagle, lookahead, medusa, mixture, prompt_lookup, recycling,
+               suffix)
 from .registry import (BASELINE, METHODS, MethodInfo, MethodSpec, is_lossless, lossless_check_applies,
                        source_labels)
 
@@ -15,6 +16,7 @@ MODULES = (
     draft_model,
     lookahead,
     medusa,
+    eagle,
     suffix,
     recycling,
     mixture,
