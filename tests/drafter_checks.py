@@ -13,7 +13,7 @@ from helpers import (ByteTokenizer, ScriptedModel, clear_greedy_baseline, exact_
 from playground.engine.autoregressive import AutoregressiveDrafter
 from playground.engine.budget import StepCost
 from playground.engine.decoding import GenerationSettings, generate
-from playground.engine.compare import check_lossless
+from playground.engine import check_lossless
 from playground.engine.sampling import SamplingConfig
 from playground.engine.target import CausalLM  # noqa: F401  (re-exported for the test modules)
 from playground.engine.theory import VerifyCost

@@ -18,10 +18,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from playground.engine.autoregressive import AutoregressiveDrafter
-from playground.engine.decoding import GenerationSettings, decode
-from playground.engine.drafter import DecodeState, Drafter, StepResult
+from playground.engine import GenerationSettings, decode
+from playground.engine import DecodeState, Drafter, StepResult
 from playground.engine.target import CausalLM
-from playground.engine.tree import Candidates
+from playground.engine import Candidates
 from playground.engine.verify import Verdict
 
 # --------------------------------------------------------------------------------------------
@@ -427,7 +427,7 @@ def toy_first_tokens(n_tokens: int, propose: ProposeFn, verify: VerifyFn, p_tabl
 def exact_first_three(model, prompt: list[int], cfg, vocab: int) -> torch.Tensor:
     """Exact ``(V, V, V)`` joint of the first three sampled tokens, from the model's logits on
     every prefix after the same transform (temperature, top-k, top-p) the decoder applies."""
-    from playground.engine.sampling import logits_to_probs
+    from playground.engine import logits_to_probs
 
     def next_probs(prefixes: list[list[int]]) -> torch.Tensor:
         return logits_to_probs(model(input_ids=torch.tensor(prefixes)).logits[:, -1].float(), cfg).double()
@@ -442,7 +442,7 @@ def sample_first_three(target, drafter_factory: Callable[[int], Drafter], prompt
                        runs: int, vocab: int) -> tuple[torch.Tensor, int, int]:
     """Decode ``runs`` times (seeds 0..runs-1, a fresh ``drafter_factory(seed)`` each) and count
     the first three new tokens: ``((V, V, V) counts, tokens accepted, tokens proposed)``."""
-    from playground.engine.sampling import SamplingConfig
+    from playground.engine import SamplingConfig
 
     lm = CausalLM(target)
     samples, accepted, proposed = [], 0, 0
@@ -642,8 +642,9 @@ def skip_unless_ci(reason: str) -> None:
     """Skip a test whose prerequisite is missing on a developer's machine; fail it under CI.
 
     CI (``CI`` set in the environment) installs everything the suite needs (the model
-    package, Debian's chromium) and has shared/ beside the clone, so there a missing
-    prerequisite is a broken set-up, not a reason to skip.
+    package, Debian's chromium), so there a missing prerequisite is a broken set-up, not a
+    reason to skip. The suite needs nothing beside the repository: ``shared/`` next to a clone
+    is a reviewer's aid only (see ``tests/test_bench.py``).
     """
     import os
 

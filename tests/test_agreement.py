@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from playground import bench
-from playground.engine.compare import Engine, MethodSpec
-from playground.engine.decoding import GenerationSettings
-from playground.engine.medusa import heads_spec, load_heads
-from playground.engine.medusa_trees import measure_head_accuracy
-from playground.engine.models import default_draft_spec, load_draft
+from playground.bench import cli
+from playground.engine import Engine, MethodSpec
+from playground.engine import GenerationSettings
+from playground.engine import load_heads
+from playground.engine.medusa.heads import heads_spec
+from playground.engine.medusa import measure_head_accuracy
+from playground.engine import default_draft_spec, load_draft
 from playground.training import agreement
 
 pytestmark = [pytest.mark.real_model, pytest.mark.usefixtures("torch_single_thread")]
@@ -35,8 +37,8 @@ def results(engine, tmp_path_factory):
     folder = tmp_path_factory.mktemp("agreement")
     (folder / "q.jsonl").write_text(json.dumps(QUESTION) + "\n")
     out = folder / "runs.jsonl"
-    assert bench.main(["--questions", str(folder / "q.jsonl"), "--methods", "autoregressive", "--max-new-tokens", "16",
-                       "--out", str(out), "--no-progress", "--draft", "none", "--medusa", "none"]) == 0
+    assert cli.main(["--questions", str(folder / "q.jsonl"), "--methods", "autoregressive", "--max-new-tokens", "16",
+                     "--out", str(out), "--no-progress", "--draft", "none", "--medusa", "none"]) == 0
     return folder, [json.loads(line) for line in out.read_text().splitlines()]
 
 
@@ -116,12 +118,12 @@ def test_command_line_prints_the_table(results, capsys):
 def test_tree_walk_is_what_greedy_medusa_decoding_accepts(engine):
     """The teacher-forced walk over the baseline's answer accepts, step by step, what greedy
     Medusa decoding with the same tree accepted (one near-tie step allowed)."""
-    from playground.engine.limits import MEDUSA_TOP_K
-    from playground.engine.medusa_trees import greedy_tree, rank_probs_from_accuracy
+    from playground.engine import MEDUSA_TOP_K
+    from playground.engine import greedy_tree, rank_probs_from_accuracy
 
     paths = [p for p, _ in greedy_tree(rank_probs_from_accuracy(engine.medusa.top_k_accuracy), 7)]
     prompt = engine.encode_prompt("Explain how a bicycle stays upright.")
-    events = list(engine.run_one(prompt, MethodSpec("medusa", {"tree_choices": json.dumps(paths)}),
+    events = list(engine.run_one(prompt, MethodSpec("medusa", {"tree_choices": json.dumps(paths), "budget": "off"}),
                                  GenerationSettings(max_new_tokens=48)))
     tokens = [t for e in events for t in e.tokens]
     cands = agreement.head_candidates(engine.target.model, engine.medusa,

@@ -12,11 +12,11 @@ import app
 @pytest.fixture
 def no_model_loading(monkeypatch):
     """Fail the test if app.main gets as far as loading the models."""
-    from playground.engine import compare
+    from playground.engine import Engine
 
     def load(*args, **kwargs):
         raise AssertionError("the models were loaded")
-    monkeypatch.setattr(compare.Engine, "load", classmethod(load))
+    monkeypatch.setattr(Engine, "load", classmethod(load))
 
 
 @pytest.mark.parametrize("port, message", [

@@ -1,14 +1,18 @@
-"""Tests of the benchmark command line (playground/bench.py).
+"""Tests of the benchmark package (playground/bench/): questions, runner, summary, records, cli.
 
 The summary tests use hand-made records; the end-to-end test runs the real embedded model on
-three short turns and then the reviewers' checker, /work/shared/tools/check_bench.py (located
-beside the repository; skipped when absent). The checks that need loaded models (context,
-Medusa tree, draft heads, errors during runs) run bench.main on tiny random models instead.
+three short turns and checks the records with the project's own code (``bench.check_records``,
+the contract fields, the summary's lossless cell). The reviewers' checker,
+``shared/tools/check_bench.py`` beside the repository, is only a reviewer's aid: run when it is
+there; when it is absent the test is skipped, or fails under ``CI``. The checks that need loaded
+models (context, Medusa tree, draft heads, errors during runs) run ``cli.main`` on tiny random
+models instead.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -17,13 +21,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ByteTokenizer, FakeLoaded, noisy_copy, skip_unless_ci, tiny_llama
+from helpers import ByteTokenizer, FakeLoaded, noisy_copy, tiny_llama
 
 from playground import bench
+from playground.bench import cli, runner
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 CHECK_BENCH = SHARED / "tools" / "check_bench.py"
+CHECK_BENCH_ABSENT = "check_bench.py is absent (shared/ is not beside the repository)"
 CONTRACT_FIELDS = ("question_id", "category", "turn", "method", "params", "new_tokens", "steps", "wall_s",
                    "ttft_s", "tokens_per_s", "mean_accepted_tokens", "acceptance_rate", "output_ids",
                    "output_text")
@@ -137,6 +143,38 @@ def test_parse_both_question_formats(tmp_path):
     assert bench.load_questions(f, limit=1) == [qs[0]]
 
 
+def test_per_category_takes_the_first_n_of_each_category_in_file_order(tmp_path):
+    """--per-category N keeps the first N rows of every category, in file order, before --limit; the
+    built-in Spec-Bench set (MT-bench first) then holds every category."""
+    f = tmp_path / "q.jsonl"
+    cats = ["writing", "writing", "qa", "writing", "qa", "math"]
+    f.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [f"q{i}"]}) + "\n"
+                         for i, c in enumerate(cats)))
+    assert [q.question_id for q in bench.load_questions(f, per_category_n=1)] == [0, 2, 5]
+    assert [q.question_id for q in bench.load_questions(f, per_category_n=2)] == [0, 1, 2, 4, 5]
+    assert [q.question_id for q in bench.load_questions(f, ["qa", "math"], per_category_n=1)] == [2, 5]
+    assert [q.question_id for q in bench.load_questions(f, per_category_n=2, limit=3)] == [0, 1, 2]
+    with pytest.raises(bench.BenchError, match="--per-category must be at least 1, got 0"):
+        bench.load_questions(f, per_category_n=0)
+    sample = bench.load_questions("spec_bench", per_category_n=2)
+    every = {q.category for q in bench.load_questions("spec_bench")}
+    assert {q.category for q in sample} == every and len(sample) == 2 * len(every)
+
+
+def test_check_records_reads_a_results_file_as_a_review_does():
+    """The project's own check: contract fields, lossless by output_ids against the baseline,
+    speedup as total tokens over total seconds, tau as total tokens over total steps."""
+    records = [rec(1, "autoregressive", 10, 2.0, 10, [1, 2]), rec(1, "prompt_lookup", 10, 1.0, 4, [1, 2]),
+               rec(2, "autoregressive", 10, 2.0, 10, [3]), rec(2, "prompt_lookup", 10, 1.0, 4, [4])]
+    assert bench.check_records(records[:2], ["prompt_lookup"], {"prompt_lookup": 1.9}, {"prompt_lookup": 2.5}) == []
+    problems = bench.check_records(records, ["prompt_lookup"], {"prompt_lookup": 2.5}, {"prompt_lookup": 3.0})
+    assert problems == ["prompt_lookup: 1/2 outputs differ from autoregressive (e.g. ('2', 0))",
+                        "prompt_lookup: speedup 2.00 below 2.5", "prompt_lookup: tau 2.50 below 3.0"]
+    assert bench.check_records(records[1:2]) == ["no autoregressive records"]
+    partial = {k: v for k, v in records[0].items() if k != "ttft_s"}
+    assert bench.check_records([partial]) == ["record 1 lacks ttft_s"]
+
+
 def test_builtin_sets_match_the_shared_dev_data():
     """assets/bench/ holds the dev question files; both parse in full."""
     assert len(bench.load_questions("spec_bench")) == 240
@@ -168,12 +206,13 @@ def test_bad_question_files(tmp_path, content, message):
     (["--k", "4"], "--k is not a setting of any chosen method"),
     (["--temperature", "-1"], "temperature must be in"),
     (["--limit", "0"], "--limit must be at least 1"),
+    (["--per-category", "0"], "--per-category must be at least 1"),
     (["--methods", "autoregressive,draft_model", "--draft", "none"], "draft_model needs a draft model: add --draft MODEL"),
     (["--methods", "autoregressive,medusa", "--tree", "[[0], [0, 0"],
      "--tree: the tree is not valid JSON: Expecting ',' delimiter at line 1, column 12"),
 ])
 def test_usage_errors_exit_2_with_one_line(argv, message, capsys, tmp_path):
-    assert bench.main(argv + ["--out", str(tmp_path / "r.jsonl")]) == 2
+    assert cli.main(argv + ["--out", str(tmp_path / "r.jsonl")]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
 
@@ -190,15 +229,15 @@ def test_model_load_error_exits_2_without_traceback(tmp_path):
 
 
 def test_knob_flags_map_onto_each_methods_params():
-    params = bench.method_params(["autoregressive", "prompt_lookup"],
+    params = cli.method_params(["autoregressive", "prompt_lookup"],
                                  {"max_ngram_size": 2, "num_pred_tokens": 5, "k": None})
     assert params == {"autoregressive": {}, "prompt_lookup": {"max_ngram_size": 2, "num_pred_tokens": 5}}
-    assert bench.parse_methods("prompt_lookup") == ["autoregressive", "prompt_lookup"]
-    from playground.engine.compare import METHODS
+    assert cli.parse_methods("prompt_lookup") == ["autoregressive", "prompt_lookup"]
+    from playground.engine import METHODS
 
     if "lookahead" in METHODS:  # --ngram and --guess set whichever spelling the method declares
         names = {k.name for k in METHODS["lookahead"].knobs}
-        got = bench.method_params(["lookahead"], {"window": 4, "ngram": 3, "guess": 2})["lookahead"]
+        got = cli.method_params(["lookahead"], {"window": 4, "ngram": 3, "guess": 2})["lookahead"]
         assert set(got) <= names and sorted(got.values()) == [2, 3, 4]
 
 
@@ -212,7 +251,7 @@ def test_end_to_end_on_the_default_model(tmp_path, capsys):
     questions = tmp_path / "q.jsonl"
     questions.write_text("".join(json.dumps(r) + "\n" for r in picked))
     out = tmp_path / "results.jsonl"
-    code = bench.main(["--questions", str(questions), "--methods", "autoregressive,prompt_lookup",
+    code = cli.main(["--questions", str(questions), "--methods", "autoregressive,prompt_lookup",
                        "--max-new-tokens", "16", "--dtype", "float32", "--out", str(out), "--no-progress"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
@@ -222,7 +261,7 @@ def test_end_to_end_on_the_default_model(tmp_path, capsys):
     assert keys == [(a, 0, "autoregressive"), (a, 0, "prompt_lookup"), (a, 1, "autoregressive"),
                     (a, 1, "prompt_lookup"), (b, 0, "autoregressive"), (b, 0, "prompt_lookup")]
     for r in records:
-        assert set(CONTRACT_FIELDS) <= set(r)
+        assert set(CONTRACT_FIELDS) <= set(r) and not bench.missing_fields(r)
         assert 0 < r["new_tokens"] == len(r["output_ids"]) <= 16 and r["output_text"]
         assert r["steps"] >= 1 and r["wall_s"] > 0 and 0 < r["ttft_s"] <= r["wall_s"]
         assert r["mean_accepted_tokens"] == pytest.approx(r["new_tokens"] / r["steps"])
@@ -232,8 +271,15 @@ def test_end_to_end_on_the_default_model(tmp_path, capsys):
         assert pl["output_ids"] == base["output_ids"]
     assert "== writing ==" in captured.out and "== overall ==" in captured.out
     assert "prompt_lookup" in captured.out and "yes" in captured.out
+    # The project's own check of the file, as a review reads it.
+    assert bench.read_records(out) == records
+    assert bench.check_records(records, lossless=["prompt_lookup"]) == []
+    assert row(bench.summarize(records), "overall", "prompt_lookup")["lossless"] == "yes"
+    # The reviewers' checker beside the repository, when it is there (a reviewer's aid only).
     if not CHECK_BENCH.is_file():
-        skip_unless_ci(f"{CHECK_BENCH} is absent (shared/ is not beside the repository)")
+        if os.environ.get("CI"):
+            pytest.fail(CHECK_BENCH_ABSENT)
+        pytest.skip(CHECK_BENCH_ABSENT)
     p = subprocess.run([sys.executable, str(CHECK_BENCH), str(out), "--lossless", "prompt_lookup"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -243,11 +289,11 @@ def test_end_to_end_on_the_default_model(tmp_path, capsys):
 def test_other_cpu_load_from_proc_stat(monkeypatch):
     """Busy cores = busy ticks / all ticks over the interval x cores; None where /proc/stat is unreadable."""
     samples = iter([(100.0, 1000.0), (175.0, 1100.0)])  # 75 of 100 ticks busy
-    monkeypatch.setattr(bench, "_cpu_times", lambda: next(samples))
-    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
-    assert bench.other_cpu_load(0.0) == pytest.approx(1.5)
-    monkeypatch.setattr(bench, "_cpu_times", lambda: None)
-    assert bench.other_cpu_load(0.0) is None
+    monkeypatch.setattr(runner, "_cpu_times", lambda: next(samples))
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 2)
+    assert runner.other_cpu_load(0.0) == pytest.approx(1.5)
+    monkeypatch.setattr(runner, "_cpu_times", lambda: None)
+    assert runner.other_cpu_load(0.0) is None
 
 
 # ----- checks that need the models, on tiny random models (no download) --------------------------
@@ -289,13 +335,12 @@ class _BenchRun:
 @pytest.fixture
 def tiny_bench(tiny_models, torch_single_thread, monkeypatch, tmp_path, capsys):
     """``run(argv, turns=..., context_length=64, medusa_heads=None, draft_knobs=None) -> _BenchRun``:
-    bench.main with load_engine replaced by an engine over the tiny models (and, when asked,
+    cli.main with load_engine replaced by an engine over the tiny models (and, when asked,
     ``medusa_heads`` untrained Medusa heads), on a questions file of the given first turns."""
-    from playground.engine.compare import Engine
-    from playground.engine.medusa import MedusaHeads
+    from playground.engine import Engine, MedusaHeads
 
     target_model, draft_model = tiny_models
-    monkeypatch.setattr(bench, "other_cpu_load", lambda seconds=0.5: None)
+    monkeypatch.setattr(runner, "other_cpu_load", lambda seconds=0.5: None)
 
     def run(argv, turns=("Hi there", "Say more"), context_length=64, medusa_heads=None, draft_knobs=None):
         loaded = []
@@ -311,7 +356,7 @@ def tiny_bench(tiny_models, torch_single_thread, monkeypatch, tmp_path, capsys):
             return Engine(_Loaded(target_model, tok, context_length=context_length),
                           _Loaded(draft_model, tok, context_length=context_length, knob_defaults=draft_knobs or {}),
                           medusa=heads)
-        monkeypatch.setattr(bench, "load_engine", load_engine)
+        monkeypatch.setattr(cli, "load_engine", load_engine)
         questions = tmp_path / "q.jsonl"
         questions.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]}) + "\n"
                                      for i, t in enumerate(turns)))
@@ -319,7 +364,7 @@ def tiny_bench(tiny_models, torch_single_thread, monkeypatch, tmp_path, capsys):
         calls = [0]
         hook = target_model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
         try:
-            code = bench.main(["--questions", str(questions), "--out", str(results), "--no-progress",
+            code = cli.main(["--questions", str(questions), "--out", str(results), "--no-progress",
                                "--max-new-tokens", "8"] + argv)
         finally:
             hook.remove()
@@ -385,7 +430,7 @@ def test_no_question_fitting_the_context_is_an_error(tiny_bench, monkeypatch):
     _one_line_error(r, "no question fits tiny's context of 64 tokens with --max-new-tokens 20: the shortest "
                        "first prompt is 50 tokens, so use --max-new-tokens 14 or fewer")
     assert r.forwards == 0
-    monkeypatch.setattr(bench, "check_runnable", lambda *args: None)  # the last line of defence
+    monkeypatch.setattr(runner, "check_runnable", lambda *args: None)  # the last line of defence
     r = tiny_bench(["--max-new-tokens", "20", "--warmup", "0"], turns=long_turns, context_length=64)
     _one_line_error(r, "no question could be run: each was skipped because its prompt with --max-new-tokens 20 "
                        "exceeds tiny's context of 64 tokens")
@@ -395,7 +440,7 @@ def test_no_question_fitting_the_context_is_an_error(tiny_bench, monkeypatch):
 def test_engine_value_errors_during_runs_are_one_line_but_bugs_are_not_hidden(tiny_bench, monkeypatch):
     """A ValueError from the engine in the middle of the runs (a message about the user's input)
     becomes one error line with exit status 2; any other exception still propagates."""
-    real = bench.run_method
+    real = runner.run_method
     calls = []
 
     def failing(kind):
@@ -405,22 +450,68 @@ def test_engine_value_errors_during_runs_are_one_line_but_bugs_are_not_hidden(ti
                 raise kind("the engine's reason")
             return real(engine, ids, spec, settings)
         return run_method
-    monkeypatch.setattr(bench, "run_method", failing(ValueError))
+    monkeypatch.setattr(runner, "run_method", failing(ValueError))
     _one_line_error(tiny_bench(["--warmup", "0"]), "run failed: the engine's reason")
     calls.clear()
-    monkeypatch.setattr(bench, "run_method", failing(RuntimeError))
+    monkeypatch.setattr(runner, "run_method", failing(RuntimeError))
     with pytest.raises(RuntimeError, match="the engine's reason"):
         tiny_bench(["--warmup", "0"])
+
+
+def test_stop_strings_end_every_method_at_the_same_place(tiny_bench):
+    """--stop (repeatable) reaches every run as GenerationSettings(stop_strings=...): each answer ends at
+    its first stop string (kept), finish reason "stop", the lossless methods still equal to the baseline."""
+    from playground.engine import GenerationSettings
+
+    if "stop_strings" not in getattr(GenerationSettings, "__dataclass_fields__", {}):
+        pytest.skip("GenerationSettings has no stop_strings yet (the engine's part of issue 16, item 5)")
+    argv = ["--warmup", "0", "--max-new-tokens", "40"]
+    r = tiny_bench(argv, turns=("Hi there",))
+    assert r.code == 0, r.err
+    plain = [json.loads(line) for line in r.results.read_text().splitlines()]
+    ids, text = plain[0]["output_ids"], plain[0]["output_text"]
+    # Two printable ASCII bytes after the first few tokens: a stop string spanning two tokens.
+    start = next(i for i in range(3, len(ids) - 1) if all(32 <= t < 127 for t in ids[i:i + 2]))
+    stop = bytes(ids[start:start + 2]).decode()
+    r = tiny_bench(argv + ["--stop", stop, "--stop", "\x00never"], turns=("Hi there",))
+    assert r.code == 0, r.err
+    records = [json.loads(line) for line in r.results.read_text().splitlines()]
+    end = text.index(stop) + len(stop)
+    for x in records:
+        assert x["finish_reason"] == "stop" and x["output_text"] == text[:end], x
+        assert x["stop_strings"] == [stop, "\x00never"]
+    assert records[1]["output_ids"] == records[0]["output_ids"]
+
+
+def test_the_runner_checks_once_for_every_caller(tiny_models, torch_single_thread):
+    """bench.prepare (the page's and the CLI's one place for run checks) refuses a method the loaded
+    models cannot run and a bad setting, in the page's words; a prepared benchmark runs turn by turn."""
+    from playground.engine import Engine, GenerationSettings, MethodSpec
+
+    tok = _TextTokenizer()
+    engine = Engine(_Loaded(tiny_models[0], tok, context_length=64))
+    qs = [bench.Question(1, "qa", ("Hi", "More"))]
+    settings = GenerationSettings(8)
+    with pytest.raises(bench.BenchError, match="draft_model cannot run: no draft model is loaded"):
+        bench.prepare(engine, qs, [MethodSpec("autoregressive"), MethodSpec("draft_model")], settings)
+    with pytest.raises(bench.BenchError, match="num_pred_tokens must be in"):
+        bench.prepare(engine, qs, [MethodSpec("prompt_lookup", {"num_pred_tokens": 0})], settings)
+    with pytest.raises(bench.BenchError, match="^max new tokens 64 leaves no room for the prompt"):
+        bench.prepare(engine, qs, [MethodSpec("autoregressive")], GenerationSettings(64))
+    run = bench.prepare(engine, qs, [MethodSpec(m) for m in bench.order_methods(["prompt_lookup"])], settings)
+    assert run.total_runs == 4 and run.extra == {"temperature": 0.0, "dtype": "float32", "target": "tiny"}
+    items = list(run.iter())
+    assert [(kind, x["turn"], x["method"]) for kind, x, _ in items] == [
+        ("record", 0, "autoregressive"), ("record", 0, "prompt_lookup"),
+        ("record", 1, "autoregressive"), ("record", 1, "prompt_lookup")]
 
 
 def test_help_names_every_default_in_plain_words():
     """--help gives each option's default (the knobs' from the engine's limits) and uses the names a
     user types (methods, presets), not internal parameter names."""
-    from playground.engine.compare import METHODS
-    from playground.engine.limits import K_KNOB, LOOKAHEAD_WINDOW_KNOB
-    from playground.engine.medusa_trees import TREE_PRESETS
+    from playground.engine import K_KNOB, LOOKAHEAD_WINDOW_KNOB, METHODS, TREE_PRESETS
 
-    parser = bench.build_parser()
+    parser = cli.build_parser()
     for action in parser._actions:
         if action.dest != "help":
             assert "default" in (action.help or ""), f"{action.option_strings} does not say its default"
@@ -429,6 +520,6 @@ def test_help_names_every_default_in_plain_words():
     assert f"(1 to {int(K_KNOB.maximum)}, default {K_KNOB.default}," in text
     assert f"default {LOOKAHEAD_WINDOW_KNOB.default})" in text
     assert "among " + ", ".join(METHODS) + ";" in text
-    assert bench.TREE_PRESET_NAMES == tuple(TREE_PRESETS)
+    assert cli.TREE_PRESET_NAMES == tuple(TREE_PRESETS)
     for internal in ("tree_choices", "guess_set_size", "ngram_size", "num_pred_tokens", "max_ngram_size"):
         assert internal not in text

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from helpers import FakeLoaded, clear_greedy_baseline, tiny_llama
+from playground.engine.step_cost import measure_step_cost
 from playground.engine.budget import (AcceptanceEstimator, StepCost, apply_budget, best_subtree,
-                                      best_subtree_reference, measure_step_cost, node_paths, subset)
-from playground.engine.compare import Engine, MethodSpec
+                                      best_subtree_reference, node_paths, subset)
+from playground.engine import Engine, MethodSpec
 from playground.engine.drafter import StepResult
 from playground.engine.decoding import GenerationSettings
 from playground.engine.prompt_lookup import PromptLookupDrafter
@@ -103,7 +104,7 @@ def test_estimator_counts_only_tested_nodes_by_token_path():
 def test_measure_step_cost_times_the_sizes_asked():
     """Every probe step verifies exactly the q - 1 nodes asked for, to the last timed round (the loop
     caps proposals at the tokens left, so the runs must be long enough)."""
-    from playground.engine import budget as B
+    from playground.engine import step_cost as B
 
     seen = []
     real = B._FixedDrafter.propose

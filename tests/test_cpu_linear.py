@@ -11,9 +11,9 @@ import torch
 
 from helpers import clear_greedy_baseline, noisy_copy, run_events, tiny_llama
 from playground.engine import cpu_linear
-from playground.engine.compare import check_lossless
+from playground.engine import check_lossless
 from playground.engine.cpu_linear import PackedLinear, pack_linear_layers
-from playground.engine.decoding import GenerationSettings
+from playground.engine import GenerationSettings
 from playground.engine.draft_model import DraftModelDrafter
 from playground.engine.lookahead import LookaheadDrafter
 from playground.engine.target import CausalLM

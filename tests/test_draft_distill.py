@@ -20,11 +20,12 @@ import torch
 
 from helpers import (FakeLoaded, bench_prompts, chi_square_gof, clear_greedy_baseline, noisy_copy, output_ids,
                      run_events, tiny_llama)
-from playground.engine.compare import Engine, MethodSpec
-from playground.engine.decoding import GenerationSettings, decode
-from playground.engine.draft_model import DraftModelDrafter, TokenMap
-from playground.engine.models import DEFAULT_DRAFT_DIR, default_draft_spec
-from playground.engine.sampling import SamplingConfig, logits_to_probs
+from playground.engine import Engine, MethodSpec
+from playground.engine import GenerationSettings, decode
+from playground.engine import TokenMap
+from playground.engine.draft_model import DraftModelDrafter
+from playground.engine import DEFAULT_DRAFT_DIR, default_draft_spec
+from playground.engine import SamplingConfig, logits_to_probs
 from playground.engine.target import CausalLM
 from playground.training import draft as train_draft
 
@@ -253,7 +254,7 @@ def test_command_line_fits_the_schedule_to_the_time_budget(tmp_path, monkeypatch
     class _Loaded(FakeLoaded):
         pass
 
-    monkeypatch.setattr("playground.engine.models.load_model",
+    monkeypatch.setattr("playground.engine.load_model",
                         lambda *a, **k: _Loaded(target, _Tokenizer(), eos_token_ids=[61]))
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in _fake_records(40, 1)))
@@ -304,7 +305,7 @@ def test_shipped_draft_is_small_and_documented():
 
 @pytest.fixture(scope="module")
 def shipped_engine(real_target):
-    from playground.engine.models import load_draft
+    from playground.engine import load_draft
 
     from playground.engine import cpu_linear
 
@@ -385,7 +386,7 @@ def test_medusa_heads_on_a_reduced_vocab_draft(seed):
     heads' tokens)."""
     from test_medusa import random_heads
 
-    from playground.engine.medusa import MedusaDraftDrafter
+    from playground.engine.draft_model import MedusaDraftDrafter
 
     vocab = 64
     model = tiny_llama(seed, vocab_size=vocab)

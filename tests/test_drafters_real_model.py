@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import bench_prompts
-from playground.engine.compare import MethodSpec, check_lossless
+from playground.engine import MethodSpec, check_lossless
 from playground.engine.decoding import GenerationSettings
 
 pytestmark = [pytest.mark.real_model, pytest.mark.usefixtures("torch_single_thread")]

@@ -7,11 +7,12 @@ import torch
 
 from helpers import ByteTokenizer, FakeLoaded, noisy_copy, tiny_llama
 from playground.engine.autoregressive import AutoregressiveDrafter
-from playground.engine.compare import METHODS, Engine, MethodSpec, check_lossless
-from playground.engine.decoding import GenerationSettings, decode, generate
+from playground.engine import METHODS, Engine, MethodSpec, check_lossless
+from playground.engine import GenerationSettings, decode, generate
 from playground.engine.draft_model import DraftModelDrafter
-from playground.engine.events import RunStats
-from playground.engine.limits import K_KNOB, MAX_SPECULATIVE_TOKENS
+from playground.engine import RunStats
+from playground.engine import MAX_SPECULATIVE_TOKENS
+from playground.engine.limits import K_KNOB
 from playground.engine.prompt_lookup import PromptLookupDrafter
 from playground.engine.target import CausalLM
 
@@ -254,3 +255,17 @@ def test_round_robin_interleaves_methods_and_keeps_separate_statistics(engine, m
         assert last.stats.elapsed_s == pytest.approx(sum(e.seconds for e in evs))
         alone, _ = generate(target, drafters[name], PROMPT, settings)
         assert [t for e in evs for t in e.tokens] == alone, name
+
+
+def test_numbers_that_are_not_usable_are_refused_with_the_bound():
+    """Temperatures too small to divide by, infinities and booleans are refused with a ValueError that
+    names the setting and its range (they used to crash inside torch, raise OverflowError, or run as 1)."""
+    from playground.engine import K_KNOB, SamplingConfig
+
+    with pytest.raises(ValueError, match=r"temperature must be 0 \(greedy\) or in \[0.001, 2.0\], got 1e-40"):
+        SamplingConfig(temperature=1e-40)
+    with pytest.raises(ValueError, match=r"k must be in \[1, 16\], got inf"):
+        K_KNOB.check(float("inf"))
+    with pytest.raises(ValueError, match="k must be a number, got True"):
+        K_KNOB.check(True)
+    assert SamplingConfig(temperature=0.001).temperature == 0.001

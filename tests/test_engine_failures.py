@@ -11,11 +11,11 @@ import torch
 from helpers import (ByteTokenizer, CountingLM, FakeLoaded, OracleChainDrafter, RandomTreeDrafter, ScriptedModel,
                      clear_greedy_baseline, noisy_copy, output_ids, run_events, streamed_text, tiny_llama)
 from playground.engine.autoregressive import AutoregressiveDrafter
-from playground.engine.compare import Engine, MethodSpec
-from playground.engine.decoding import GenerationSettings, decode, generate
+from playground.engine import Engine, MethodSpec
+from playground.engine import GenerationSettings, decode, generate
 from playground.engine.draft_model import DraftModelDrafter
 from playground.engine.prompt_lookup import PromptLookupDrafter
-from playground.engine.sampling import SamplingConfig
+from playground.engine import SamplingConfig
 from playground.engine.target import CausalLM
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")

@@ -9,14 +9,16 @@ import torch
 
 from helpers import (FakeLoaded, chi_square_gof, clear_greedy_baseline, exact_first_three, run_events,
                      sample_first_three, tiny_llama)
-from playground.engine.compare import METHODS, SOURCE_LABELS, Engine, MethodSpec, check_lossless
-from playground.engine.drafter import DecodeState, StepResult
-from playground.engine.events import SOURCE_LOOKAHEAD, SOURCE_TARGET
-from playground.engine.lookahead import (LOOKAHEAD_PRESETS, LookaheadDrafter, NgramPool, candidate_tree,
-                                         lookahead_attention)
-from playground.engine.sampling import SamplingConfig
+from playground.engine import METHODS, Engine, MethodSpec, check_lossless
+from playground.engine import source_labels
+from playground.engine import DecodeState, StepResult
+from playground.engine import SOURCE_LOOKAHEAD, SOURCE_TARGET
+from playground.engine import LOOKAHEAD_PRESETS
+from playground.engine.lookahead import LookaheadDrafter, NgramPool, candidate_tree, lookahead_attention
+from playground.engine import SamplingConfig
 from playground.engine.target import CausalLM
-from playground.engine.tree import Candidates, pass_attention
+from playground.engine import Candidates
+from playground.engine.tree import pass_attention
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
@@ -270,7 +272,7 @@ def test_engine_registers_lookahead():
     assert [(k.name, k.minimum, k.maximum) for k in info.knobs if k.name != "budget"] == [
         ("window", 1, 20), ("ngram_size", 2, 8), ("guess_set_size", 1, 20)]
     assert info.knobs[-1].name == "budget"
-    assert SOURCE_LOOKAHEAD in SOURCE_LABELS
+    assert SOURCE_LOOKAHEAD in source_labels()
     assert LOOKAHEAD_PRESETS["7b"] == dict(window=15, ngram_size=5, guess_set_size=15)
     assert LOOKAHEAD_PRESETS["13b"] == dict(window=10, ngram_size=5, guess_set_size=10)
     assert LOOKAHEAD_PRESETS["33b"] == dict(window=7, ngram_size=5, guess_set_size=7)

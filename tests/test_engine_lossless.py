@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from helpers import GreedyBiasedDraftLM, clear_greedy_baseline, noisy_copy, run_events, tiny_llama
-from playground.engine.compare import check_lossless
-from playground.engine.decoding import GenerationSettings, generate
+from playground.engine import check_lossless
+from playground.engine import GenerationSettings, generate
 from playground.engine.draft_model import DraftModelDrafter
 from playground.engine.prompt_lookup import PromptLookupDrafter, find_candidate
 from playground.engine.target import CausalLM

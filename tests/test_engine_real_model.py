@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from helpers import OracleChainDrafter, ScriptedModel, bench_prompts, output_ids, run_events, streamed_text
-from playground.engine.compare import Engine, MethodSpec, check_lossless
-from playground.engine.decoding import GenerationSettings
+from playground.engine import Engine, MethodSpec, check_lossless
+from playground.engine import GenerationSettings
 from playground.engine.target import CausalLM
 
 pytestmark = [pytest.mark.real_model, pytest.mark.usefixtures("torch_single_thread")]

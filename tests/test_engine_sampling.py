@@ -20,9 +20,10 @@ from helpers import (buggy_verify_sampling, chain_proposer, chi_square_gof, chi_
 from playground.engine.autoregressive import AutoregressiveDrafter
 from playground.engine.draft_model import DraftModelDrafter
 from playground.engine.prompt_lookup import PromptLookupDrafter
-from playground.engine.sampling import SamplingConfig, logits_to_probs, sample
+from playground.engine import SamplingConfig, logits_to_probs
+from playground.engine.sampling import sample
 from playground.engine.target import CausalLM
-from playground.engine.tree import Candidates
+from playground.engine import Candidates
 from playground.engine.verify import verify_reference_chain, verify_sampling
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")

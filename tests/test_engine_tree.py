@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from helpers import RandomTreeDrafter, clear_greedy_baseline, output_ids, run_events, tiny_llama
-from playground.engine.decoding import GenerationSettings
+from playground.engine import GenerationSettings
 from playground.engine.target import CausalLM
-from playground.engine.tree import Candidates, tree_attention_inputs, tree_mask_bool
+from playground.engine import Candidates
+from playground.engine.tree import tree_attention_inputs, tree_mask_bool
 from playground.engine.verify import verify_greedy
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")

@@ -11,16 +11,17 @@ import torch
 
 from helpers import FakeLoaded, clear_greedy_baseline, output_ids, run_events, tiny_llama
 from playground.engine.autoregressive import AutoregressiveDrafter
-from playground.engine.compare import Engine, MethodSpec, check_lossless
-from playground.engine.decoding import GenerationSettings
-from playground.engine.medusa import (MedusaDraftDrafter, MedusaDrafter, MedusaHeads, MedusaLoadError,
-                                      head_acceptance, load_heads)
-from playground.engine.medusa_trees import (MC_SIM_7B_63, TREE_PRESETS, choose_tree, expected_tokens, greedy_tree,
-                                            preset_choices, rank_probs_from_accuracy)
-from playground.engine.sampling import SamplingConfig
+from playground.engine import Engine, MethodSpec, check_lossless, describe_medusa_tree
+from playground.engine import GenerationSettings
+from playground.engine import MedusaHeads, MedusaLoadError, head_acceptance, load_heads
+from playground.engine.draft_model import MedusaDraftDrafter
+from playground.engine.medusa.drafter import MedusaDrafter
+from playground.engine import TREE_PRESETS, expected_tokens, greedy_tree, rank_probs_from_accuracy
+from playground.engine.medusa.trees import MC_SIM_7B_63, choose_tree, preset_choices
+from playground.engine import SamplingConfig
 from playground.engine.target import CausalLM
-from playground.engine.theory import VerifyCost
-from playground.engine.tree import Candidates, TreeChoicesError, parse_tree_choices, tree_buffers
+from playground.engine import VerifyCost
+from playground.engine import Candidates, TreeChoicesError, parse_tree_choices, tree_buffers
 from playground.engine.verify import TypicalAcceptance, verify_typical, verify_typical_reference
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -362,11 +363,11 @@ def test_engine_medusa_method(sweep):
     for tree in ("depth3", "[[0], [1], [0, 0]]", "auto", "mc_sim_7b_63"):
         events = list(engine.run_one(prompt, MethodSpec("medusa", {"tree_choices": tree}), settings))
         assert output_ids(events) == baseline, tree
-    assert "auto:" in engine.medusa_tree_description("auto")
+    assert "auto:" in describe_medusa_tree(engine, "auto")
     # A custom tree as the page sends it (JSON text) or as a list; presets by name.
-    assert engine.medusa_tree_description("[[0], [1], [0, 0], [0, 1]]") == "custom: 4 nodes, depth 2"
-    assert engine.medusa_tree_description([[0]]) == "custom: 1 node, depth 1"
-    assert engine.medusa_tree_description("depth3") == "depth3: 4 nodes, depth 3"
+    assert describe_medusa_tree(engine, "[[0], [1], [0, 0], [0, 1]]") == "custom: 4 nodes, depth 2"
+    assert describe_medusa_tree(engine, [[0]]) == "custom: 1 node, depth 1"
+    assert describe_medusa_tree(engine, "depth3") == "depth3: 4 nodes, depth 3"
     with pytest.raises(ValueError, match="beyond the 3 Medusa heads"):
         engine.make_drafter(MethodSpec("medusa", {"tree_choices": "[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]"}))
     rates = head_acceptance(events[-1].stats.as_dict())

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import FakeLoaded, tiny_llama
-from playground.engine.medusa import MedusaHeads, load_heads
+from playground.engine import MedusaHeads, load_heads
 from playground.training.medusa import (IGNORE, LabelVocab, _positions, collect_features, evaluate, head_losses,
                                         train_heads)
 
@@ -142,7 +142,7 @@ def test_command_line_trains_and_saves(tmp_path, monkeypatch):
         spec = str(folder)
         device = torch.device("cpu")
 
-    monkeypatch.setattr("playground.engine.models.load_model", lambda *a, **k: _Loaded(model))
+    monkeypatch.setattr("playground.engine.load_model", lambda *a, **k: _Loaded(model))
     out = tmp_path / "heads"
     rc = trainer.main(["--target", str(folder), "--data", str(data), "--out", str(out), "--heads", "3",
                        "--max-steps", "5", "--batch-size", "16", "--no-progress"])
@@ -187,7 +187,7 @@ def test_command_line_init_fine_tunes_saved_heads(tmp_path, monkeypatch):
         spec = "tiny"
         device = torch.device("cpu")
 
-    monkeypatch.setattr("playground.engine.models.load_model", lambda *a, **k: _Loaded(model))
+    monkeypatch.setattr("playground.engine.load_model", lambda *a, **k: _Loaded(model))
     common = ["--data", str(data), "--heads", "2", "--batch-size", "16", "--no-progress"]
     assert trainer.main(common + ["--out", str(tmp_path / "a"), "--max-steps", "20", "--lr", "1e-2"]) == 0
     assert trainer.main(common + ["--out", str(tmp_path / "b"), "--max-steps", "5", "--layers", "2",
@@ -227,7 +227,7 @@ def test_command_line_refuses_bad_numbers_before_loading(tmp_path, monkeypatch, 
     nothing saved (``--max-steps 0`` used to save untrained identity heads)."""
     from playground.training import medusa as trainer
 
-    monkeypatch.setattr("playground.engine.models.load_model", _no_model)
+    monkeypatch.setattr("playground.engine.load_model", _no_model)
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"input_ids": [1, 2, 3, 4, 5], "prompt_len": 2}) + "\n" for _ in range(4)))
     assert trainer.main(["--data", str(data), "--out", str(tmp_path / "heads")] + argv) == 2
@@ -239,7 +239,7 @@ def test_command_line_refuses_bad_numbers_before_loading(tmp_path, monkeypatch, 
 def test_command_line_refuses_an_out_that_is_a_file(tmp_path, monkeypatch, capsys):
     from playground.training import medusa as trainer
 
-    monkeypatch.setattr("playground.engine.models.load_model", _no_model)
+    monkeypatch.setattr("playground.engine.load_model", _no_model)
     out = tmp_path / "heads.safetensors"
     out.write_text("not a folder")
     assert trainer.main(["--data", str(tmp_path / "missing.jsonl"), "--out", str(out)]) == 2

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import FakeLoaded, tiny_llama
-from playground.engine.compare import Engine
+from playground.engine import Engine, medusa_auto_tree
 from test_medusa import random_heads
 
 gr = pytest.importorskip("gradio")
@@ -43,7 +43,7 @@ def test_page_builds_with_and_without_heads():
     engine = _engine(True)
     build_demo(engine)
     # "N nodes, depth d: ..." or, when timing noise makes plain decoding look best, "1 node: ..."
-    assert engine.medusa_auto is not None and " node" in engine.medusa_auto[0].describe()
+    assert engine.has_persistent("medusa_auto_tree") and " node" in medusa_auto_tree(engine)[0].describe()
     build_demo(_engine(False))
 
 

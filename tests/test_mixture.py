@@ -112,7 +112,7 @@ def test_learned_state_is_never_shared_between_methods_or_settings():
     setting share them, so it learns across runs); running two side by side, neither learns from the
     other's passes on the same prompt."""
     from helpers import FakeLoaded, tiny_llama
-    from playground.engine.compare import Engine, MethodSpec
+    from playground.engine import Engine, MethodSpec
 
     engine = Engine(FakeLoaded(tiny_llama(0)))
     build = lambda name, params=None: engine.make_drafter(MethodSpec(name, dict(params or {}, budget="off")))  # noqa: E731

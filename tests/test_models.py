@@ -15,10 +15,8 @@ from tokenizers import Tokenizer, models as tk_models
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from playground.engine import models as M
-from playground.engine.models import (
-    DEFAULT_TARGET, ModelLoadError, TokenizerMismatchError, check_same_tokenizer, load_draft,
-    load_model, resolve_device, resolve_dtype,
-)
+from playground.engine import DEFAULT_TARGET, ModelLoadError, TokenizerMismatchError, load_draft, load_model, resolve_device, resolve_dtype
+from playground.engine.models import check_same_tokenizer
 
 SAMPLES = ["Hello, world!", "  spaces,\ttabs\n\nand newlines", "def f(x):\n    return x**2  # café",
            "日本語のテキスト 🤖 émojis", "<|im_start|>user\nhi<|im_end|>\n", ""]
@@ -185,8 +183,8 @@ def _tiny_draft_folder(folder, tokenizer, dtype=torch.float32):
 def test_draft_knob_defaults_replace_the_global_ones(default, tmp_path):
     """A draft folder's draft_knobs.json sets draft_model's defaults while it is loaded (what runs
     and what the benchmark records); knobs the user sets still win; bad files fail at load."""
-    from playground.engine.compare import Engine, MethodSpec
-    from playground.engine.draft_model import DRAFT_KNOBS_FILE
+    from playground.engine import Engine, MethodSpec
+    from playground.engine import DRAFT_KNOBS_FILE
     from playground.engine.limits import K_KNOB
 
     folder = _tiny_draft_folder(tmp_path / "d", default.tokenizer)
@@ -281,7 +279,7 @@ def test_engine_load_is_the_one_loading_path():
     that need neither load neither; 'none' turns each off; draft heads without a draft are
     refused; and the default preset loads the same way."""
     from playground import presets
-    from playground.engine.compare import Engine
+    from playground.engine import Engine
     from playground.engine.cpu_linear import PackedLinear, onednn_available
 
     engine = Engine.load("default", device="cpu", dtype="float32")
@@ -302,7 +300,7 @@ def test_engine_load_is_the_one_loading_path():
 def test_shipped_assets_serve_the_default_and_its_hub_id():
     """The shipped draft and heads are chosen for the embedded default and for the same model's
     hub id (what Spaces loads), never for other targets; an explicit spec or 'none' wins."""
-    from playground.engine.medusa import DEFAULT_HEADS_DIR, heads_spec
+    from playground.engine.medusa.heads import DEFAULT_HEADS_DIR, heads_spec
 
     for target in ("default", M.DEFAULT_HUB_ID):
         assert M.default_draft_spec(target) == str(M.DEFAULT_DRAFT_DIR)

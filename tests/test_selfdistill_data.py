@@ -177,7 +177,7 @@ def _no_model(*args, **kwargs):
 def test_command_line_refuses_bad_numbers_before_loading(tmp_path, monkeypatch, capsys, argv, message):
     from playground.training import data
 
-    monkeypatch.setattr("playground.engine.models.load_model", _no_model)
+    monkeypatch.setattr("playground.engine.load_model", _no_model)
     assert data.main(["--out", str(tmp_path / "c.jsonl")] + argv) == 2
     err = capsys.readouterr().err
     assert message in err and "error:" in err and "Traceback" not in err
@@ -205,7 +205,7 @@ def test_command_line_refuses_an_out_file_that_is_not_conversations(tmp_path, mo
     """A benchmark question file (or a folder) named as --out: a message, the file untouched, no model loaded."""
     from playground.training import data
 
-    monkeypatch.setattr("playground.engine.models.load_model", _no_model)
+    monkeypatch.setattr("playground.engine.load_model", _no_model)
     questions = tmp_path / "questions.jsonl"
     questions.write_text(json.dumps({"question_id": 81, "category": "writing", "turns": ["Compose a blog"]}) + "\n")
     before = questions.read_text()
@@ -220,13 +220,13 @@ def test_command_line_refuses_an_out_file_that_is_not_conversations(tmp_path, mo
 
 
 def test_command_line_reports_a_target_that_does_not_load(tmp_path, monkeypatch, capsys):
-    from playground.engine.models import ModelLoadError
+    from playground.engine import ModelLoadError
     from playground.training import data
 
     def fail(spec, **kwargs):
         raise ModelLoadError(f"could not load model {spec!r}: not found locally")
 
-    monkeypatch.setattr("playground.engine.models.load_model", fail)
+    monkeypatch.setattr("playground.engine.load_model", fail)
     assert data.main(["--out", str(tmp_path / "c.jsonl"), "--target", "nope/nope"]) == 2
     err = capsys.readouterr().err
     assert err == "error: could not load model 'nope/nope': not found locally\n"
@@ -282,7 +282,7 @@ def test_command_line_reports_a_run_that_makes_no_record(tokenizer, tmp_path, mo
         spec = "tiny"
 
     _never_ending_requests(monkeypatch)
-    monkeypatch.setattr("playground.engine.models.load_model",
+    monkeypatch.setattr("playground.engine.load_model",
                         lambda *a, **k: _Loaded(torch.nn.Identity(), tokenizer, eos_token_ids=(tokenizer.eos_token_id,)))
     rc = data.main(["--out", str(tmp_path / "c.jsonl"), "--question-tokens", "13", "--answer-tokens", "8",
                     "--batch-size", "2", "--num", "1"])

@@ -19,8 +19,9 @@ import threading
 
 import pytest
 
-from playground.engine.compare import METHODS, SOURCE_LABELS
-from playground.engine.limits import GENERATION_KNOBS
+from playground.engine import METHODS
+from playground.engine import source_labels
+from playground.engine import GENERATION_KNOBS
 from playground.ui import input_names, run_arguments
 from playground.ui import render
 from ui_fixtures import serve, ui_engine
@@ -181,7 +182,7 @@ def test_run_arguments_follow_input_names():
 
 def test_token_spans_escape_text_and_tag_sources():
     """Token text is HTML-escaped and each span carries its source and colour."""
-    out = render.token_spans([("<b>&", "target"), ("x\n", "prompt_lookup"), ("", "draft")], SOURCE_LABELS)
+    out = render.token_spans([("<b>&", "target"), ("x\n", "prompt_lookup"), ("", "draft")], source_labels())
     assert "&lt;b&gt;&amp;" in out and "<b>" not in out
     assert out.count('class="tok"') == 2
     assert f'background:{render.SOURCE_COLORS["prompt_lookup"]}' in out
@@ -209,7 +210,7 @@ def test_knob_inputs_leave_the_range_check_to_the_handler():
     """A typed value out of range passes the widget (no Gradio error and traceback) and the
     warning names the allowed range."""
     import gradio as gr
-    from playground.engine.limits import Knob
+    from playground.engine import Knob
     from playground.ui.knobs import knob_input, out_of_range_message
 
     knob = Knob("window", "Window W", 1, 20, 4)

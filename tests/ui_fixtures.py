@@ -21,7 +21,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 def _default_target():
     import torch
 
-    from playground.engine.models import load_model
+    from playground.engine import load_model
 
     return load_model("default", "cpu", torch.float32)
 
@@ -34,7 +34,7 @@ def ui_engine(request):
     whole suite holds one copy of the model; otherwise loads the model once per process.
     float32 because the lossless checks compare token ids with the baseline's exactly.
     """
-    from playground.engine.compare import Engine
+    from playground.engine import Engine
 
     try:
         target = request.getfixturevalue("real_target")

@@ -29,8 +29,9 @@ _EXPORTS: dict[str, str] = {
     "StepEvent": "events", "RunStats": "events", "SOURCE_TARGET": "events", "SOURCE_DRAFT": "events",
     "SOURCE_PROMPT_LOOKUP": "events", "SOURCE_LOOKAHEAD": "events",
     # methods
-    "METHODS": "registry", "MethodInfo": "registry", "MethodSpec": "registry", "BASELINE": "registry",
-    "is_lossless": "registry", "lossless_check_applies": "registry", "source_labels": "registry",
+    # (read through .methods, which imports every method module first, so the registry is full)
+    "METHODS": "methods", "MethodInfo": "methods", "MethodSpec": "methods", "BASELINE": "methods",
+    "is_lossless": "methods", "lossless_check_applies": "methods", "source_labels": "methods",
     "Drafter": "drafter", "DecodeState": "drafter", "StepResult": "drafter",
     "Candidates": "tree",
     # lossless check
@@ -41,23 +42,34 @@ _EXPORTS: dict[str, str] = {
     "SEED_KNOB": "limits", "MAX_SPECULATIVE_TOKENS": "limits", "MAX_MEDUSA_HEADS": "limits",
     "MEDUSA_TOP_K": "limits", "MAX_STOP_STRINGS": "limits", "MAX_STOP_STRING_CHARS": "limits",
     "POSTERIOR_THRESHOLD_KNOB": "limits", "POSTERIOR_ALPHA_KNOB": "limits",
-    "LOOKAHEAD_PRESETS": "lookahead",
+    "K_KNOB": "limits", "DRAFT_CONFIDENCE_KNOB": "limits", "PROMPT_LOOKUP_NGRAM_KNOB": "limits",
+    "PROMPT_LOOKUP_TOKENS_KNOB": "limits", "LOOKAHEAD_WINDOW_KNOB": "limits", "LOOKAHEAD_NGRAM_KNOB": "limits",
+    "LOOKAHEAD_GUESS_KNOB": "limits", "MAX_NEW_TOKENS": "limits", "MAX_TEMPERATURE": "limits",
+    "LOOKAHEAD_PRESETS": "lookahead", "CausalLM": "target",
     # models
     "ModelLoadError": "models", "TokenizerMismatchError": "models", "LoadedModel": "models",
     "load_model": "models", "load_draft": "models", "default_draft_spec": "models", "cache_dir": "models",
     "DEFAULT_TARGET": "models", "DEFAULT_HUB_ID": "models", "DEFAULT_DRAFT_DIR": "models",
-    "resolve_device": "models", "resolve_dtype": "models",
-    "TokenMap": "draft_model", "TOKEN_MAP_FILE": "draft_model", "DRAFT_KNOBS_FILE": "draft_model",
+    "resolve_device": "models", "resolve_dtype": "models", "model_source": "models",
+    "TokenMap": "draft_model", "DraftModelDrafter": "draft_model", "MedusaDraftDrafter": "draft_model", "TOKEN_MAP_FILE": "draft_model", "DRAFT_KNOBS_FILE": "draft_model", "load_knob_defaults": "draft_model",
     # the cost model
     "theory": None, "VerifyCost": "theory", "measure_verify_cost": "theory", "K_PRESETS": "theory",
+    "FALLBACK": "theory", "lookahead_tokens_per_pass": "theory",
     # Medusa
     "MedusaHeads": "medusa", "MedusaLoadError": "medusa", "load_heads": "medusa", "head_source": "medusa",
     "head_acceptance": "medusa", "HEAD_LOSS_DECAY": "medusa",
     "TREE_KNOB": "medusa", "TREE_PRESETS": "medusa", "TREE_DESCRIPTIONS": "medusa", "AUTO_TREE": "medusa",
     "TreeChoicesError": "medusa", "parse_tree_choices": "medusa", "tree_buffers": "medusa",
     "greedy_tree": "medusa", "expected_tokens": "medusa", "rank_probs_from_accuracy": "medusa",
+    "medusa_tree": "medusa", "describe_medusa_tree": "medusa", "medusa_auto_tree": "medusa",
+    "measure_head_accuracy": "medusa", "MC_SIM_7B_63": "medusa", "choose_tree": "medusa",
+    # EAGLE
+    "EagleHead": "eagle", "EagleDrafter": "eagle", "EagleLoadError": "eagle", "load_eagle": "eagle",
+    "read_eagle": "eagle", "save_eagle": "eagle", "eagle_head_config": "eagle", "DEFAULT_EAGLE_DIR": "eagle",
+    "EAGLE_KNOBS": "limits", "MAX_EAGLE_DEPTH": "limits", "MAX_EAGLE_TOP_K": "limits",
+    "MAX_EAGLE_TOTAL_TOKENS": "limits",
     # the CPU fast paths
-    "cpu_linear": None,
+    "cpu_linear": None, "half_weight_linear_layers": "cpu_linear",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from .drafter import DecodeState, Drafter
 from .tree import Candidates
+from .events import SOURCE_TARGET
+from .registry import BASELINE, MethodInfo, register
 
 
 class AutoregressiveDrafter(Drafter):
@@ -14,3 +16,9 @@ class AutoregressiveDrafter(Drafter):
 
     def propose(self, state: DecodeState) -> Candidates:
         return Candidates.empty(state.device)
+
+
+
+METHOD = register(MethodInfo(BASELINE, "Autoregressive", "Baseline: one target forward pass per token.",
+                             lossless=True, knobs=(), sources=(SOURCE_TARGET,),
+                             build=lambda engine, params: AutoregressiveDrafter()))

@@ -1,8 +1,8 @@
 """The decoding loop shared by every method: draft, verify in one target pass, commit, emit.
 
 One call of :func:`decode` is a generator that yields one :class:`StepEvent` per target
-forward pass (the prefill first). Timing, stopping (EOS, max new tokens, cancellation),
-detokenisation and statistics live here, once, for all methods.
+forward pass (the prefill first). Timing, stopping (EOS, max new tokens, stop strings,
+cancellation), detokenisation and statistics live here, once, for all methods.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from .budget import apply_budget
 from .detok import IncrementalDetokenizer
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_TARGET, RunStats, StepEvent
-from .limits import MAX_NEW_TOKENS_KNOB
+from .limits import MAX_NEW_TOKENS_KNOB, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from .sampling import SamplingConfig, logits_to_probs
 from .target import CausalLM
 from .tree import Candidates, pass_attention
-from .verify import Verdict, verify_greedy, verify_sampling, verify_typical
+from .verify import verify
 
 
 @dataclass(frozen=True)
@@ -32,17 +32,34 @@ class GenerationSettings:
         max_new_tokens: the output never exceeds this many tokens.
         sampling: temperature (0 = greedy), top-p, top-k, seed.
         stop_on_eos: end the output at the first EOS token (its id is the output's last; it adds no text).
+        stop_strings: the output ends at the first token whose text completes one of these strings
+            (the string, and whatever else that token holds, is kept, as transformers'
+            ``stop_strings`` does); finish reason ``"stop"``. At most ``MAX_STOP_STRINGS`` strings of
+            1 to ``MAX_STOP_STRING_CHARS`` characters. Needs a tokenizer.
 
     Raises:
-        ValueError: when ``max_new_tokens`` is out of range.
+        ValueError: ``max_new_tokens`` out of range, or a stop string empty or too long, or too many.
+        TypeError: ``sampling`` is not a :class:`SamplingConfig`, or a stop string is not text.
     """
 
     max_new_tokens: int = MAX_NEW_TOKENS_KNOB.default
     sampling: SamplingConfig = SamplingConfig()
     stop_on_eos: bool = True
+    stop_strings: tuple[str, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "max_new_tokens", MAX_NEW_TOKENS_KNOB.check(self.max_new_tokens))
+        if not isinstance(self.sampling, SamplingConfig):
+            raise TypeError(f"sampling must be a SamplingConfig, got {type(self.sampling).__name__}")
+        stops = (self.stop_strings,) if isinstance(self.stop_strings, str) else tuple(self.stop_strings or ())
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop_strings may hold at most {MAX_STOP_STRINGS} strings, got {len(stops)}")
+        for s in stops:
+            if not isinstance(s, str):
+                raise TypeError(f"each stop string must be text, got {type(s).__name__}")
+            if not 1 <= len(s) <= MAX_STOP_STRING_CHARS:
+                raise ValueError(f"each stop string must have 1 to {MAX_STOP_STRING_CHARS} characters, got {s!r}")
+        object.__setattr__(self, "stop_strings", stops)
 
 
 def _margins(logits: torch.Tensor) -> list[float]:
@@ -51,18 +68,86 @@ def _margins(logits: torch.Tensor) -> list[float]:
     return (top2[:, 0] - top2[:, 1]).tolist()
 
 
+class _Output:
+    """The run's output so far: stopping rules, detokenisation, statistics and events."""
+
+    def __init__(self, method: str, drafter: Drafter, prompt_ids: list[int], settings: GenerationSettings,
+                 eos: set[int], tokenizer):
+        self.method, self.drafter, self.settings, self.eos = method, drafter, settings, eos
+        self.tokens = list(prompt_ids)
+        self.stats = RunStats()
+        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids) if tokenizer is not None else None
+        self.text_tail = ""  # the output's last characters, for stop strings
+        self.stop_len = max((len(s) for s in settings.stop_strings), default=0)
+
+    def emit(self, new: list[int], sources: list[str], margins: list[float], *, step: int, proposed: int,
+             accepted: int, seconds: float, draft_s: float = 0.0, depth: int = 0) -> StepEvent:
+        """Append the step's tokens up to the first stop (EOS, a stop string, max new tokens) and
+        return its event; EOS is kept as the output's last id (it adds no text), as transformers does."""
+        room = self.settings.max_new_tokens - self.stats.new_tokens
+        reason, pieces, kept = None, [], 0
+        for t, s in zip(new, sources):
+            kept += 1
+            piece = self.detok.add(t) if self.detok else ""
+            if piece:
+                pieces.append((piece, s))
+            if t in self.eos:
+                reason = "eos"
+            elif self.stop_len and piece:
+                self.text_tail = (self.text_tail + piece)[-(self.stop_len + len(piece)):]
+                if any(stop in self.text_tail for stop in self.settings.stop_strings):
+                    reason = "stop"
+            if reason is None and kept >= room:
+                reason = "length"
+            if reason:
+                break
+        new, sources, margins = new[:kept], sources[:kept], margins[:kept]
+        if reason and self.detok and (tail := self.detok.flush()):
+            pieces.append((tail, sources[-1] if sources else SOURCE_TARGET))
+        accepted = min(accepted, sum(1 for s in sources if s != SOURCE_TARGET))
+        self.stats.record_step(seconds=seconds, emitted=len(new), proposed=proposed, accepted=accepted,
+                               draft_s=draft_s, verify_s=seconds - draft_s, proposed_depth=depth, prefill=step == 0)
+        self.stats.drafter = self.drafter.info()
+        self.tokens.extend(new)
+        return StepEvent(self.method, step, new, sources, pieces, proposed, accepted, seconds, margins,
+                         self.stats.snapshot(), finished=reason is not None, finish_reason=reason)
+
+
+def _target_pass(target: CausalLM, cache, tokens: list[int], cand: Candidates, layers: tuple[int, ...]):
+    """One verification pass over the root ``tokens[-1]``, the candidates and any extra queries.
+
+    Returns:
+        ``(logits, extra_logits, features)``: ``(num_nodes + 1, vocab_size)`` float32, the extra
+        queries' ``(m, vocab_size)`` rows or None, and ``(num_nodes + 1, F)`` features or None.
+    """
+    inputs = torch.cat([torch.tensor(tokens[-1:], dtype=torch.long), cand.tokens.cpu()])
+    with target.capture_features(layers) as features:
+        if cand.extras is None:
+            logits = target.forward(cache, inputs, cand.parents if len(cand) else None)
+        else:  # the drafter's extra queries (Lookahead's Jacobi window) ride in the same pass
+            allowed, offsets = pass_attention(cand)
+            logits = target.forward_masked(cache, torch.cat([inputs, cand.extras.tokens.cpu()]), allowed, offsets)
+        feats = features()[:len(cand) + 1] if layers else None
+    extra = logits[len(cand) + 1:] if cand.extras is not None else None
+    return logits[:len(cand) + 1], extra, feats
+
+
 def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: GenerationSettings,
            *, eos_token_ids: list[int] | tuple[int, ...] = (), tokenizer=None, context_length: int | None = None,
            cancel: threading.Event | None = None, method: str | None = None) -> Iterator[StepEvent]:
     """Generate with ``drafter`` proposing and ``target`` verifying; yield one event per step.
 
+    Each step follows the design's four steps: 1. the drafter proposes candidates rooted at the
+    last emitted token; 2. the target scores them in one pass (tree attention); 3. the verifier
+    accepts the longest agreeing path plus one target token; 4. the KV cache keeps the accepted
+    path, and the drafter learns the verdict.
+
     Args:
         target: the target model wrapper.
         drafter: any :class:`Drafter`; :class:`AutoregressiveDrafter` gives the baseline.
         prompt_ids: the prompt's token ids (chat template already applied), ``(prompt_len,)``.
-        settings: max new tokens and sampling settings.
-        eos_token_ids: ids that end the output (may be empty: the run then stops at
-            max new tokens only).
+        settings: max new tokens, sampling settings and stop strings.
+        eos_token_ids: ids that end the output (may be empty: the run then stops at max new tokens only).
         tokenizer: when given, events carry text pieces (incremental detokenisation).
         context_length: the target's context in tokens; None = unchecked.
         cancel: when set, the run ends before its next step with reason ``"cancelled"``.
@@ -72,127 +157,69 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         :class:`StepEvent`; the last one has ``finished=True``.
 
     Raises:
-        ValueError: empty prompt, or prompt plus ``max_new_tokens`` longer than the context.
+        ValueError: empty prompt, prompt plus ``max_new_tokens`` longer than the context, or stop
+            strings without a tokenizer.
+        RuntimeError: a drafter proposing deeper than the step's budget.
     """
-    method = method or drafter.name
-    prompt_len = len(prompt_ids)
-    if prompt_len == 0:
+    if not prompt_ids:
         raise ValueError("the prompt is empty: give at least one token")
-    if context_length is not None and prompt_len + settings.max_new_tokens > context_length:
-        raise ValueError(f"the prompt is {prompt_len} tokens; with max_new_tokens={settings.max_new_tokens} it "
+    if context_length is not None and len(prompt_ids) + settings.max_new_tokens > context_length:
+        raise ValueError(f"the prompt is {len(prompt_ids)} tokens; with max_new_tokens={settings.max_new_tokens} it "
                          f"exceeds the model's context of {context_length} tokens")
-    sampling = settings.sampling
-    eos = set(eos_token_ids) if settings.stop_on_eos else set()
+    if settings.stop_strings and tokenizer is None:
+        raise ValueError("stop strings need a tokenizer to read the output's text")
+    sampling, layers = settings.sampling, tuple(drafter.feature_layers)
     generator = None if sampling.greedy else sampling.generator(target.device)
-    detok = IncrementalDetokenizer(tokenizer, prompt_ids) if tokenizer is not None else None
-    stats = RunStats()
-    tokens = list(prompt_ids)
+    out = _Output(method or drafter.name, drafter, prompt_ids, settings,
+                  set(eos_token_ids) if settings.stop_on_eos else set(), tokenizer)
     cache = target.new_cache()
     drafter.begin(list(prompt_ids))
-
-    def pick(logits_row: torch.Tensor) -> int:
-        if sampling.greedy:
-            return int(logits_row.argmax())
-        return int(torch.multinomial(logits_to_probs(logits_row, sampling), 1, generator=generator).item())
-
-    def emit(new: list[int], sources: list[str], margins: list[float], step: int, proposed: int,
-             accepted: int, seconds: float, draft_s: float, depth: int) -> StepEvent:
-        # Stop at EOS (kept as the last output id, as transformers does; it adds no text) and at
-        # max new tokens; nothing after either is emitted.
-        reason = None
-        for i, t in enumerate(new):
-            if t in eos:
-                new, sources, margins, reason = new[:i + 1], sources[:i + 1], margins[:i + 1], "eos"
-                break
-        room = settings.max_new_tokens - stats.new_tokens
-        if len(new) >= room:
-            new, sources, margins = new[:room], sources[:room], margins[:room]
-            reason = reason or "length"
-        accepted_kept = min(accepted, sum(1 for s in sources if s != SOURCE_TARGET))
-        stats.record_step(seconds=seconds, emitted=len(new), proposed=proposed, accepted=accepted_kept,
-                          draft_s=draft_s, verify_s=seconds - draft_s, proposed_depth=depth, prefill=step == 0)
-        stats.drafter = drafter.info()
-        tokens.extend(new)
-        pieces = [(detok.add(t), s) for t, s in zip(new, sources)] if detok else []
-        if reason and detok:
-            tail = detok.flush()
-            if tail:
-                pieces.append((tail, sources[-1] if sources else SOURCE_TARGET))
-        if reason is not None:
-            drafter.finish(list(tokens), prompt_len)  # drafters that learn across runs keep the output
-        return StepEvent(method, step, new, sources, pieces, proposed, accepted_kept, seconds, margins,
-                         stats.snapshot(), finished=reason is not None, finish_reason=reason)
-
     # Prefill: one pass over the prompt gives the first new token (time to first token).
-    # Drafters with needs_hidden (Medusa) also get the target's last hidden state at the root's parent.
-    needs_hidden = drafter.needs_hidden
-    hidden = None
     t0 = target.clock()
-    if needs_hidden:
-        logits, hidden_rows = target.forward(cache, torch.tensor(prompt_ids, dtype=torch.long), return_hidden=True,
-                                             last_only=True)
-        hidden = hidden_rows[-1]
-    else:
+    with target.capture_features(layers) as features:
         logits = target.forward(cache, torch.tensor(prompt_ids, dtype=torch.long), last_only=True)
-    first = pick(logits[0])
-    event = emit([first], [SOURCE_TARGET], _margins(logits), 0, 0, 0, target.clock() - t0, 0.0, 0)
-    yield event
+        feats = features() if layers else None
+    first = int(logits[0].argmax()) if sampling.greedy else \
+        int(torch.multinomial(logits_to_probs(logits[0], sampling), 1, generator=generator).item())
+    event = out.emit([first], [SOURCE_TARGET], _margins(logits), step=0, proposed=0, accepted=0,
+                     seconds=target.clock() - t0)
     step = 0
     while not event.finished:
+        yield event
         if cancel is not None and cancel.is_set():
-            drafter.finish(list(tokens), prompt_len)
-            yield StepEvent(method, step + 1, [], [], [], 0, 0, 0.0, [], stats.snapshot(), True, "cancelled")
-            return
+            event = StepEvent(out.method, step + 1, [], [], [], 0, 0, 0.0, [], out.stats.snapshot(), True, "cancelled")
+            break
         step += 1
         t0 = target.clock()
         # 1. Draft: candidates rooted at the last emitted token, no deeper than the tokens left.
-        budget = settings.max_new_tokens - stats.new_tokens - 1
+        budget = settings.max_new_tokens - out.stats.new_tokens - 1
         if context_length is not None:
-            budget = min(budget, context_length - len(tokens))
-        state = DecodeState(tokens, prompt_len, sampling, generator, max(budget, 0), target.device, target.vocab_size,
-                            hidden)
+            budget = min(budget, context_length - len(out.tokens))
+        state = DecodeState(out.tokens, len(prompt_ids), sampling, generator, max(budget, 0), target.device,
+                            target.vocab_size, features=feats)
         cand = drafter.propose(state)
         if drafter.budget_cost is not None:  # the per-step budget: keep what pays on this device
             cand = apply_budget(cand, drafter.budget_cost)
-        if len(cand) and max(cand.depths()) > state.budget:
+        depth = max(cand.depths()) if len(cand) else 0
+        if depth > state.budget:
             raise RuntimeError(f"{type(drafter).__name__} proposed a tree deeper than the budget {state.budget}")
         t_draft = target.clock() - t0
-        # 2. Verify: the root plus every candidate in one target forward pass.
-        past_len = len(tokens) - 1
-        inputs = torch.cat([torch.tensor(tokens[-1:], dtype=torch.long), cand.tokens.cpu()])
-        extra_logits = hidden_rows = None
-        hidden_kw = {"return_hidden": True} if needs_hidden else {}  # only then: wrappers need not know the flag
-        if cand.extras is None:
-            out = target.forward(cache, inputs, cand.parents if len(cand) else None, **hidden_kw)
-        else:
-            # The drafter's extra queries (e.g. Lookahead's Jacobi window) ride in the same pass.
-            allowed, offsets = pass_attention(cand)
-            out = target.forward_masked(cache, torch.cat([inputs, cand.extras.tokens.cpu()]), allowed, offsets,
-                                        **hidden_kw)
-        all_logits, hidden_rows = out if needs_hidden else (out, None)
-        logits = all_logits[:len(cand) + 1]
-        if cand.extras is not None:
-            extra_logits = all_logits[len(cand) + 1:]
-        if drafter.typical is not None:  # the drafter asked for typical acceptance (Medusa)
-            probs = torch.softmax(logits, -1) if sampling.greedy else logits_to_probs(logits, sampling)
-            verdict: Verdict = verify_typical(cand, probs, drafter.typical, generator)
-        elif sampling.greedy:
-            verdict = verify_greedy(cand, logits)
-        else:
-            verdict = verify_sampling(cand, logits_to_probs(logits, sampling), generator)
-        # 3. Commit: keep the root and the accepted path in the KV cache, drop the rest.
+        # 2. Verify: the root plus every candidate in one target forward pass; 3. the rule that applies.
+        past_len = len(out.tokens) - 1
+        logits, extra_logits, feats = _target_pass(target, cache, out.tokens, cand, layers)
+        verdict = verify(cand, logits, sampling, generator, drafter.typical)
+        # 4. Commit: keep the root and the accepted path in the KV cache, drop the rest; the drafter learns.
         rows = [0] + [c + 1 for c in verdict.path]
         CausalLM.keep(cache, past_len, rows)
+        feats = feats[rows] if feats is not None else None
         new = [int(cand.tokens[c]) for c in verdict.path] + [verdict.bonus_token]
         sources = [cand.sources[c] for c in verdict.path] + [SOURCE_TARGET]
-        hidden = hidden_rows[rows[-1]] if needs_hidden else None
-        drafter.update(StepResult(cand, verdict.path, verdict.bonus_token, tokens + new, extra_logits, hidden,
-                                  logits))
-        seconds = target.clock() - t0
-        depth = max(cand.depths()) if len(cand) else 0
-        event = emit(new, sources, _margins(logits[rows]), step, len(cand), len(verdict.path), seconds,
-                     t_draft, depth)
-        yield event
+        drafter.update(StepResult(cand, verdict.path, verdict.bonus_token, out.tokens + new, extra_logits,
+                                  logits=logits))
+        event = out.emit(new, sources, _margins(logits[rows]), step=step, proposed=len(cand),
+                         accepted=len(verdict.path), seconds=target.clock() - t0, draft_s=t_draft, depth=depth)
+    drafter.finish(list(out.tokens), len(prompt_ids))  # before the last event: consumers may stop there
+    yield event
 
 
 def generate(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: GenerationSettings,

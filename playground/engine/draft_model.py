@@ -20,17 +20,20 @@ import json
 from pathlib import Path
 
 import torch
+from torch import nn
 
-from .budget import AcceptanceEstimator, probability_bin
+from .budget import AcceptanceEstimator, probability_bin, with_budget_knob
 from .drafter import DecodeState, Drafter, StepResult
-from .events import SOURCE_DRAFT
-from .limits import DRAFT_CONFIDENCE_KNOB, K_KNOB
+from .events import SOURCE_DRAFT, SOURCE_TARGET
+from .limits import DRAFT_CONFIDENCE_KNOB, DRAFT_PROPOSER_KNOB, K_KNOB
+from .registry import MethodInfo, register
+from .step_cost import build_with_budget
 from .sampling import logits_to_probs
 from .target import CausalLM
 from .tree import Candidates
 
 
-def _fit_vocab(q: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def fit_vocab(q: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Pad (with zeros) or cut ``q`` ``(draft_vocab,)`` to ``(vocab_size,)``.
 
     Embedding tables are often padded past the tokenizer's vocabulary; the tokenizer check
@@ -232,7 +235,7 @@ class DraftModelDrafter(Drafter):
             if self.confidence > 0 and probs.max() < self.confidence:
                 break
             # 3. Draft the next token: a sample from q.
-            q = _fit_vocab(probs, state.vocab_size).to(state.device)
+            q = fit_vocab(probs, state.vocab_size).to(state.device)
             drafted.append(int(torch.multinomial(q, 1, generator=state.generator).item()))
             q_rows.append(q)
             q_drafted.append(float(q.max()))
@@ -260,3 +263,89 @@ class DraftModelDrafter(Drafter):
         self.estimator.observe(result)
         # Rejected drafted tokens are dropped lazily, by the next propose's _sync_cache.
         pass
+
+
+class MedusaDraftDrafter(DraftModelDrafter):
+    """Medusa as a draft (the seed's idea): a small draft model with Medusa heads proposes its own
+    next token plus its heads' tokens, a chain of ``min(k, 1 + num_heads)`` from **one** draft
+    forward pass, for a larger target with the same tokenizer.
+
+    Args:
+        draft: the draft model wrapper; heads: Medusa heads trained on (and attached to) it
+            (:class:`~playground.engine.medusa.MedusaHeads`: ``num_heads``, ``heads(hidden, n)``
+            ``(n, vocab)`` logits).
+        k: most tokens per step, in ``[1, MAX_SPECULATIVE_TOKENS]``.
+        token_map: the draft's :class:`~playground.engine.draft_model.TokenMap` when it has a
+            reduced vocabulary (its heads then predict draft ids too); None: same ids.
+
+    The draft's own token is its argmax (greedy) or a sample from its distribution q; the heads'
+    tokens are their argmax (deterministic: q one-hot), so speculative sampling stays exact.
+    """
+
+    name = "draft_model"
+
+    def __init__(self, draft: CausalLM, heads, k: int = K_KNOB.default, token_map=None):
+        super().__init__(draft, k, token_map=token_map)
+        self.heads = heads
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> Candidates:
+        k = min(self.k, 1 + self.heads.num_heads, state.budget)
+        if k <= 0:
+            return Candidates.empty(state.device)
+        # 1. One draft forward over the tokens it has not seen yet.
+        pending = self._sync_cache(state.tokens)
+        feed = torch.tensor(pending, dtype=torch.long)
+        logits, hidden = self.draft.forward(self.cache, feed if self.token_map is None else self.token_map.draft_ids(feed),
+                                            return_hidden=True, last_only=True)
+        self.fed.extend(pending)
+        logits, hidden = logits[-1], hidden[-1]
+        head_logits = self.heads(hidden, k - 1) if k > 1 else None  # (k - 1, draft vocab)
+        if self.token_map is not None:
+            logits = self.token_map.target_logits(logits)
+            head_logits = self.token_map.target_logits(head_logits) if head_logits is not None else None
+        # 2. The draft's next token: argmax, or a sample from q.
+        q = None
+        if state.sampling.greedy:
+            first = int(logits[:state.vocab_size].argmax())
+        else:
+            q = fit_vocab(logits_to_probs(logits, state.sampling), state.vocab_size).to(state.device)
+            first = int(torch.multinomial(q, 1, generator=state.generator).item())
+        # 3. The heads' argmax tokens for the positions after it (q one-hot: deterministic).
+        rest = head_logits[:, :state.vocab_size].argmax(-1).tolist() if head_logits is not None else []
+        draft_probs = None
+        if q is not None:  # (1 + len(rest), vocab_size): q, then one-hot rows for the heads' tokens
+            one_hot = nn.functional.one_hot(torch.tensor(rest, dtype=torch.long, device=state.device), state.vocab_size)
+            draft_probs = torch.cat([q[None], one_hot.to(q.dtype)])
+        return Candidates.chain([first] + rest, self.source, draft_probs, device=state.device)
+
+
+def _build(engine, params: dict) -> Drafter:
+    """The draft model's drafter: the draft drafts K tokens (proposer ``model``), or its next token plus
+    its Medusa heads' tokens from one draft pass (proposer ``medusa_heads``).
+
+    Raises:
+        ValueError: proposer ``medusa_heads`` without heads trained on the draft.
+    """
+    params = dict(params)
+    token_map = getattr(engine.draft, "token_map", None)
+    if params.pop("proposer", DRAFT_PROPOSER_KNOB.default) == "medusa_heads":
+        if engine.draft_medusa is None:
+            raise ValueError("draft_model's proposer medusa_heads needs Medusa heads trained on the draft "
+                             "model (--draft-medusa PATH_OR_HUB_ID); none are loaded")
+        params.pop("confidence", None)  # the heads propose in one pass: no per-token stop
+        return MedusaDraftDrafter(engine.draft_lm, engine.draft_medusa, token_map=token_map, **params)
+    return DraftModelDrafter(engine.draft_lm, token_map=token_map, **params)
+
+
+def _build_with_budget(engine, params: dict) -> Drafter:
+    return build_with_budget(engine, params, lambda p: _build(engine, p), "draft_model")
+
+
+METHOD = register(MethodInfo(
+    "draft_model", "Draft model",
+    "A small draft model proposes K tokens; the target verifies them in one pass (Leviathan et al. 2023; "
+    "Chen et al. 2023).",
+    lossless=True, knobs=with_budget_knob((K_KNOB, DRAFT_CONFIDENCE_KNOB, DRAFT_PROPOSER_KNOB)),
+    sources=(SOURCE_TARGET, SOURCE_DRAFT), source_labels={SOURCE_DRAFT: "draft model"}, build=_build_with_budget,
+    requires=("draft",)))

@@ -31,9 +31,6 @@ class DecodeState:
             (tokens left before max new tokens or the context end, minus the bonus token).
         device: the target's device.
         vocab_size: the target's vocabulary size (the width of ``draft_probs`` rows).
-        hidden: ``(hidden_size,)`` the target's last hidden state at the root's parent (the
-            position whose output predicted the root), in the model's dtype; filled only for
-            drafters with ``needs_hidden`` (Medusa heads read it), else None.
         features: ``(n, len(feature_layers) * hidden_size)`` the target's hidden states, at the
             layers the drafter names in ``feature_layers`` (concatenated in that order), of the
             positions committed to the target's cache since the previous ``propose``: every prompt
@@ -48,7 +45,6 @@ class DecodeState:
     budget: int
     device: torch.device
     vocab_size: int
-    hidden: torch.Tensor | None = None
     features: torch.Tensor | None = None
 
 
@@ -64,8 +60,6 @@ class StepResult:
             the bonus token as the new root).
         extra_logits: ``(m, vocab_size)`` float32 logits of ``candidates.extras`` (None
             when the proposal had no extra queries).
-        hidden: ``(hidden_size,)`` the target's last hidden state at the last accepted node
-            (the bonus token's parent); only for drafters with ``needs_hidden``.
         logits: ``(num_nodes + 1, vocab_size)`` float32 logits of the verification pass over the
             root and the candidates (row 0: the root; row i + 1: candidate i), extras excluded.
             Token recycling keeps their top-k; it costs nothing (the verifier computed them).
@@ -76,7 +70,6 @@ class StepResult:
     bonus_token: int
     tokens: list[int] = field(default_factory=list)
     extra_logits: torch.Tensor | None = None
-    hidden: torch.Tensor | None = None
     logits: torch.Tensor | None = None
 
 
@@ -87,8 +80,6 @@ class Drafter:
         name: method name used by the API, the benchmark and the UI.
         source: tag of the tokens it contributes (the UI colours tokens by it).
         lossless: whether greedy output must equal the baseline's token for token.
-        needs_hidden: the loop passes the target's last hidden state (``DecodeState.hidden``,
-            ``StepResult.hidden``); it costs nothing extra in the pass (Medusa heads read it).
         typical: a :class:`~playground.engine.verify.TypicalAcceptance` to verify this drafter's
             candidates with typical acceptance instead of the exact rule; None = exact.
         feature_layers: indices of the target's hidden states the drafter reads
@@ -103,7 +94,6 @@ class Drafter:
     name = "drafter"
     source = "draft"
     lossless = True
-    needs_hidden = False
     typical = None
     feature_layers: tuple[int, ...] = ()
     budget_cost = None

@@ -168,3 +168,23 @@ class StepEvent:
     stats: RunStats
     finished: bool = False
     finish_reason: str | None = None
+
+
+@dataclass
+class RunOutput:
+    """Everything one method produced in a run (filled as its events arrive)."""
+
+    method: str
+    params: dict
+    ids: list[int] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)
+    text: str = ""
+    last: StepEvent | None = None
+
+    def add(self, event: StepEvent) -> None:
+        self.ids.extend(event.tokens)
+        self.sources.extend(event.sources)
+        self.margins.extend(event.margins)
+        self.text += "".join(p for p, _ in event.pieces)
+        self.last = event

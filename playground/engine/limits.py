@@ -32,6 +32,8 @@ MAX_NEW_TOKENS = 2048
 """Largest number of new tokens one run may generate."""
 
 MAX_TEMPERATURE = 2.0
+MIN_SAMPLING_TEMPERATURE = 1e-3
+"""Smallest temperature above 0 (0 is greedy): logits divided by less overflow float32."""
 MAX_TOP_K = 1000
 
 MEDUSA_TOP_K = 10
@@ -72,16 +74,23 @@ class Knob:
         """Return ``value`` converted to int/float, or raise ``ValueError`` naming the bound.
 
         Raises:
-            ValueError: ``"<name> must be in [min, max], got <value>"`` when out of range,
-                or ``"<name> must be an integer, got <value>"``.
+            ValueError: ``"<name> must be in [min, max], got <value>"`` when out of range (infinities
+                included), ``"<name> must be an integer, got <value>"``, or ``"<name> must be a
+                number, got <value>"`` (booleans are not numbers).
         """
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool):
+            raise ValueError(f"{self.name} must be a number, got {value!r}")
+        if not isinstance(value, (int, float)):
             try:
                 value = float(value)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise ValueError(f"{self.name} must be a number, got {value!r}") from None
         if value != value:  # NaN
             raise ValueError(f"{self.name} must be a number, got NaN")
+        if value in (float("inf"), float("-inf")):
+            lo = int(self.minimum) if self.integer else self.minimum
+            hi = int(self.maximum) if self.integer else self.maximum
+            raise ValueError(f"{self.name} must be in [{lo}, {hi}], got {value}")
         if self.integer:
             if float(value) != int(value):
                 raise ValueError(f"{self.name} must be an integer, got {value}")
@@ -175,6 +184,36 @@ MEDUSA_ACCEPTANCE_KNOB = ChoiceKnob(
     "acceptance", "Acceptance", ("exact", "typical"), "exact",
     info="exact: the target's own rule (greedy argmax match, or speculative sampling): lossless. "
          "typical: Medusa's typical acceptance, faster but the output may differ from the target's.")
+
+MAX_EAGLE_DEPTH = 10
+"""Deepest EAGLE draft tree (draft levels per step)."""
+MAX_EAGLE_TOP_K = 16
+"""Most children an EAGLE tree node is expanded with."""
+MAX_EAGLE_TOTAL_TOKENS = 64
+"""Most EAGLE tree nodes verified in one step."""
+
+
+def _total_tokens(value) -> int:
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"total_tokens must be auto or an integer in [1, {MAX_EAGLE_TOTAL_TOKENS}], "
+                         f"got {value!r}") from None
+    if not 1 <= n <= MAX_EAGLE_TOTAL_TOKENS:
+        raise ValueError(f"total_tokens must be in [1, {MAX_EAGLE_TOTAL_TOKENS}], got {n}")
+    return n
+
+
+EAGLE_DEPTH_KNOB = Knob("depth", "Tree depth", 1, MAX_EAGLE_DEPTH, 6,
+                        info="EAGLE: draft levels per step (the deepest token a step can accept, plus the bonus).")
+EAGLE_TOP_K_KNOB = Knob("top_k", "Children per node", 1, MAX_EAGLE_TOP_K, 8,
+                        info="EAGLE-2: the top_k best nodes of each level are expanded with their top_k children.")
+EAGLE_TOTAL_TOKENS_KNOB = ChoiceKnob(
+    "total_tokens", "Tree nodes verified", ("auto",), "auto", parse=_total_tokens,
+    custom_label=f"an integer in [1, {MAX_EAGLE_TOTAL_TOKENS}]",
+    info="EAGLE-2: verify the best nodes by cumulative draft probability; auto: per step, as many as pay for "
+         "their verification on this device's measured cost curve.")
+EAGLE_KNOBS = (EAGLE_DEPTH_KNOB, EAGLE_TOP_K_KNOB, EAGLE_TOTAL_TOKENS_KNOB)
 
 GENERATION_KNOBS = (MAX_NEW_TOKENS_KNOB, TEMPERATURE_KNOB, TOP_P_KNOB, TOP_K_KNOB, SEED_KNOB)
 

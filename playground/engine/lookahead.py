@@ -32,12 +32,14 @@ import random
 
 import torch
 
-from .budget import AcceptanceEstimator
+from .budget import AcceptanceEstimator, with_budget_knob
 
 from .drafter import DecodeState, Drafter, StepResult
-from .events import SOURCE_LOOKAHEAD
-from .limits import LOOKAHEAD_GUESS_KNOB, LOOKAHEAD_NGRAM_KNOB, LOOKAHEAD_WINDOW_KNOB
+from .events import SOURCE_LOOKAHEAD, SOURCE_TARGET
+from .limits import LOOKAHEAD_GUESS_KNOB, LOOKAHEAD_KNOBS, LOOKAHEAD_NGRAM_KNOB, LOOKAHEAD_WINDOW_KNOB
 from .tree import Candidates, ExtraQueries
+from .registry import MethodInfo, register
+from .step_cost import build_with_budget
 
 LOOKAHEAD_PRESETS: dict[str, dict[str, int]] = {
     "cpu": dict(window=2, ngram_size=3, guess_set_size=3),
@@ -48,7 +50,7 @@ LOOKAHEAD_PRESETS: dict[str, dict[str, int]] = {
 """(W, N, G): the paper's settings for 7B / 13B / 33B models on a GPU (G = W), and a small CPU
 setting, also the knobs' default: 11 tokens per pass, which cost about 1.4 single-token forwards
 on the development CPU (fp32, oneDNN layers); in a sweep there, larger windows raised tau but lost
-more in cost than they gained (README, "Verification on a CPU")."""
+more in cost than they gained (docs/lookahead.md)."""
 
 
 class NgramPool:
@@ -258,3 +260,13 @@ class LookaheadDrafter(Drafter):
         shift = len(result.path) + 1 - dropped
         if shift > 0:
             self.levels = [(level + self._fresh(shift))[shift:] for level in self.levels]
+
+
+
+METHOD = register(MethodInfo(
+    "lookahead", "Lookahead",
+    "Jacobi iterations in a W x (N - 1) window generate n-grams; those starting with the last token are "
+    "verified in the same pass (Fu et al. 2024).",
+    lossless=True, knobs=with_budget_knob(LOOKAHEAD_KNOBS), sources=(SOURCE_TARGET, SOURCE_LOOKAHEAD),
+    source_labels={SOURCE_LOOKAHEAD: "lookahead n-gram"},
+    build=lambda engine, params: build_with_budget(engine, params, lambda p: LookaheadDrafter(**p), "lookahead")))

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .budget import AcceptanceEstimator, build_with_budget, with_budget_knob
+from .budget import AcceptanceEstimator, with_budget_knob
+from .step_cost import build_with_budget
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_LOOKAHEAD, SOURCE_PROMPT_LOOKUP, SOURCE_TARGET
 from .limits import ChoiceKnob
@@ -146,7 +147,11 @@ class MixtureDrafter(Drafter):
         if not members:
             raise ValueError("a mixture needs at least one member drafter")
         self.members = members
-        self.needs_hidden = any(d.needs_hidden for _, d in members)
+        layers = {tuple(d.feature_layers) for _, d in members if d.feature_layers}
+        if len(layers) > 1:
+            raise ValueError(f"mixture members read different target features {sorted(layers)}; merge drafters that "
+                             "read the same layers")
+        self.feature_layers = layers.pop() if layers else ()  # every member sees the same DecodeState
         self.accepted_by: dict[str, int] = {}
         self.extras_owner: int | None = None
 
@@ -179,7 +184,7 @@ class MixtureDrafter(Drafter):
         for k, (_, d) in enumerate(self.members):
             d.update(result if k == self.extras_owner else
                      StepResult(result.candidates, result.path, result.bonus_token, result.tokens, None,
-                                result.hidden, result.logits))
+                                logits=result.logits))
 
     def finish(self, tokens: list[int], prompt_len: int) -> None:
         for _, d in self.members:
@@ -219,7 +224,7 @@ def _build(engine, params: dict) -> MixtureDrafter:
     return build_with_budget(engine, params, make)
 
 
-MIXTURE_METHOD = register(MethodInfo(
+METHOD = MIXTURE_METHOD = register(MethodInfo(
     name="mixture", label="Mixture",
     description="Candidates of several training-free drafters (suffix trees, token recycling, prompt lookup; "
                 "optionally Lookahead and Medusa) merged into one tree, pruned to this device's budget and "

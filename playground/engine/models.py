@@ -202,7 +202,7 @@ def _convert_gguf(path: Path, progress: Progress | None, default: bool = False) 
     return folder
 
 
-def _probe_hub(repo_id: str) -> None:
+def probe_hub(repo_id: str) -> None:
     """Ask the hub once (no retries, short timeout) whether ``repo_id`` can be downloaded.
 
     Raises:
@@ -226,6 +226,16 @@ def _probe_hub(repo_id: str) -> None:
                              f"({str(e).splitlines()[0]})") from e
     except Exception as e:  # network errors of whichever HTTP client huggingface_hub uses
         raise ModelLoadError(f"{where} the Hugging Face hub is unreachable ({type(e).__name__}: {e})") from e
+
+
+def model_source(spec: str, progress: Progress | None = None) -> str:
+    """What ``from_pretrained`` (or another engine, e.g. vLLM) loads for a model spec: a local folder
+    (GGUF files, the embedded default among them, are converted once into the cache) or a hub id.
+
+    Raises:
+        ModelLoadError: the model cannot be found.
+    """
+    return _locate(spec, progress)[0]
 
 
 def _locate(spec: str, progress: Progress | None) -> tuple[str, str, bool]:
@@ -296,7 +306,7 @@ def load_model(spec: str, device: str | torch.device = "auto", dtype: str | torc
         except OSError:
             if offline:
                 raise
-            _probe_hub(source)
+            probe_hub(source)
             _stage(progress, 0.75, f"downloading {name} from the Hugging Face hub")
             model, tokenizer = fetch(source, offline=False)
         _stage(progress, 0.9, f"moving {name} to {dev}")

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from .budget import AcceptanceEstimator
+from .budget import AcceptanceEstimator, with_budget_knob
+from .step_cost import build_with_budget
 from .drafter import DecodeState, Drafter, StepResult
-from .events import SOURCE_PROMPT_LOOKUP
+from .events import SOURCE_PROMPT_LOOKUP, SOURCE_TARGET
 from .limits import PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB
 from .tree import Candidates
+from .registry import MethodInfo, register
 
 
 def find_candidate(tokens: torch.Tensor, max_ngram_size: int, num_pred_tokens: int) -> list[int]:
@@ -79,3 +81,12 @@ class PromptLookupDrafter(Drafter):
 
     def update(self, result: StepResult) -> None:
         self.estimator.observe(result)
+
+
+METHOD = register(MethodInfo(
+    "prompt_lookup", "Prompt lookup",
+    "Copies the continuation of an earlier match of the latest n-gram in the prompt and output (Saxena 2023).",
+    lossless=True, knobs=with_budget_knob((PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB)),
+    sources=(SOURCE_TARGET, SOURCE_PROMPT_LOOKUP), source_labels={SOURCE_PROMPT_LOOKUP: "prompt lookup"},
+    build=lambda engine, params: build_with_budget(engine, params, lambda p: PromptLookupDrafter(**p),
+                                                   "prompt_lookup")))

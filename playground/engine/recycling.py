@@ -24,7 +24,8 @@ import heapq
 
 import torch
 
-from .budget import AcceptanceEstimator, build_with_budget, with_budget_knob
+from .budget import AcceptanceEstimator, with_budget_knob
+from .step_cost import build_with_budget
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_TARGET
 from .limits import Knob
@@ -226,7 +227,7 @@ def build_recycling(engine, params: dict, owner: str = "recycling") -> Recycling
     return build_with_budget(engine, params, make, owner)
 
 
-RECYCLING_METHOD = register(MethodInfo(
+METHOD = RECYCLING_METHOD = register(MethodInfo(
     name="recycling", label="Token recycling",
     description="The target's top-k candidates from every verification fill an adjacency table (token -> likely "
                 "next tokens); a static tree is filled from it breadth-first (Luo et al. 2024). Learns across runs.",

@@ -31,7 +31,8 @@ from math import ceil
 
 import torch
 
-from .budget import AcceptanceEstimator, build_with_budget, probability_bin, with_budget_knob
+from .budget import AcceptanceEstimator, probability_bin, with_budget_knob
+from .step_cost import build_with_budget
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_TARGET
 from .limits import Knob
@@ -348,7 +349,7 @@ def build_suffix(engine, params: dict, owner: str = "suffix") -> SuffixDrafter:
     return build_with_budget(engine, params, make, owner)
 
 
-SUFFIX_METHOD = register(MethodInfo(
+METHOD = SUFFIX_METHOD = register(MethodInfo(
     name="suffix", label="Suffix decoding",
     description="Suffix trees over the prompt, the output so far and earlier outputs propose a frequency-scored "
                 "tree; longer matches speculate further (Oliaro et al. 2024). Learns across runs.",

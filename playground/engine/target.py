@@ -7,6 +7,7 @@ a transformers ``DynamicCache`` and is changed in place.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import torch
 from transformers import DynamicCache
@@ -32,6 +33,55 @@ class CausalLM:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.vocab_size = int(model.config.vocab_size)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.get_text_config().num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.get_text_config().hidden_size)
+
+    @contextmanager
+    def capture_features(self, layers: tuple[int, ...]):
+        """Record the hidden states at ``layers`` during the forward passes inside the block.
+
+        ``layers`` are numbered as transformers' ``output_hidden_states``: 0 = the embeddings
+        (the input of decoder layer 0), i = the input of decoder layer i (the output of layer
+        i - 1), ``num_layers`` = the last layer's output after the final norm; negative i counts
+        from the end (-1 = ``num_layers``). Forward hooks read only these, so no pass collects
+        every layer's states.
+
+        Yields:
+            a function returning ``(q_len, len(layers) * hidden_size)``: the features of the
+            latest pass, concatenated in the order of ``layers``, in the model's dtype.
+
+        Raises:
+            ValueError: a layer index outside ``[-num_layers - 1, num_layers]``.
+        """
+        if not layers:
+            yield lambda: None
+            return
+        n = self.num_layers
+        decoder = self.model.get_decoder()
+        seen: dict[int, torch.Tensor] = {}
+        handles = []
+        for pos, i in enumerate(layers):
+            if not -n - 1 <= i <= n:
+                raise ValueError(f"feature layer {i} is outside [{-n - 1}, {n}] for a target of {n} layers")
+            i = i % (n + 1)
+            if i == n:
+                handles.append(decoder.norm.register_forward_hook(
+                    lambda mod, args, out, pos=pos: seen.__setitem__(pos, out)))
+            else:
+                handles.append(decoder.layers[i].register_forward_pre_hook(
+                    lambda mod, args, kwargs, pos=pos: seen.__setitem__(
+                        pos, args[0] if args else kwargs["hidden_states"]), with_kwargs=True))
+        try:
+            yield lambda: torch.cat([seen[pos][0] for pos in range(len(layers))], dim=-1)
+        finally:
+            for h in handles:
+                h.remove()
 
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)

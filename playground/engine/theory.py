@@ -28,10 +28,12 @@ times the loaded target. Errors are ``ValueError`` naming the bound.
 from __future__ import annotations
 
 import bisect
+import json
 import math
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Mapping, Sequence, Union
 
 from .limits import MAX_SPECULATIVE_TOKENS
@@ -39,14 +41,9 @@ from .limits import MAX_SPECULATIVE_TOKENS
 K_PRESETS = {"conservative": 2, "default": 4, "aggressive": 8}
 """Common choices of K (speculative tokens per step) by appetite for risk."""
 
-FALLBACK_VERIFY_COST: dict[int, float] = {1: 1.0, 2: 1.12, 5: 1.12, 9: 1.34, 17: 1.53, 33: 2.22, 64: 3.75}
-"""Relative cost of a target forward over n tokens, used until this device is measured.
-
-Measured on the development machine (2-vCPU AMD EPYC, AVX2, float32, 2 threads, default
-model with oneDNN linear layers (:mod:`.cpu_linear`), 200-token cache, median of 9): 64 ms
-for 1 token, 1.12x for 2 and 5, 1.34x for 9, 1.53x for 17, 2.22x for 33, 3.75x for 64 (README,
-"Verification on a CPU"). On a GPU at batch 1 the cost stays near 1 up to dozens of tokens.
-"""
+MEASUREMENTS_FILE = Path(__file__).resolve().parents[2] / "assets" / "measurements.json"
+"""The project's measured figures (written by ``python -m playground.measure``); its ``verify_cost``
+records feed :data:`FALLBACK`."""
 
 DEFAULT_MEASURE_SIZES = (1, 2, 3, 5, 9, 17)
 """Token counts timed by :func:`measure_verify_cost` by default (K + 1 for K = 1, 2, 4, 8, 16)."""
@@ -136,8 +133,37 @@ class VerifyCost:
 
 CONSTANT_VERIFY_COST = VerifyCost({1: 1.0}, source="constant 1 (the paper's assumption: verifying K + 1 "
                                                    "tokens costs one forward)")
-FALLBACK = VerifyCost(FALLBACK_VERIFY_COST, source="fallback table (development machine's CPU, float32; "
-                                                   "not this device's measurement)")
+
+
+def verify_cost_from_record(record: Mapping, label: str = "") -> VerifyCost:
+    """A :class:`VerifyCost` from a ``verify_cost`` record of :data:`MEASUREMENTS_FILE`
+    (``relative``: n -> cost), its source naming the machine. ``seconds`` stays empty: these are
+    another machine's timings, not this device's."""
+    table = {int(n): float(v) for n, v in record["relative"].items()}
+    where = label or record.get("machine", "another machine")
+    return VerifyCost(table, source=(
+        f"measured on {where} ({record.get('device', 'cpu')}, {record.get('dtype', '?')}, "
+        f"{record.get('threads', '?')} threads, {record.get('when', 'undated')}; the project's measurement), "
+        "not on this device"))
+
+
+def load_fallback(path: Path | str = MEASUREMENTS_FILE) -> VerifyCost:
+    """The newest CPU verify-cost measurement in ``path`` (records are kept newest first), as the
+    cost to use until this device is measured; the paper's constant 1 when the file has none."""
+    try:
+        data = json.loads(Path(path).read_text())
+        record = next(r for r in data.get("verify_cost", []) if r.get("device", "cpu") == "cpu")
+    except (OSError, ValueError, StopIteration):
+        return VerifyCost({1: 1.0}, source=f"constant 1 ({Path(path).name} has no CPU verify-cost measurement)")
+    machine = (data.get("machines") or {}).get(record.get("machine"), {})
+    return verify_cost_from_record(record, machine.get("label", ""))
+
+
+FALLBACK = load_fallback()
+"""This project's measured verify cost (:data:`MEASUREMENTS_FILE`), used until this device is measured.
+On a GPU at batch 1 the cost stays near 1 up to dozens of tokens; on a CPU it grows with n."""
+FALLBACK_VERIFY_COST: dict[int, float] = dict(FALLBACK.table)
+""":data:`FALLBACK`'s table (n -> relative cost)."""
 
 VerifyCostLike = Union[VerifyCost, Callable[[int], float], Mapping[int, float], None]
 

@@ -10,7 +10,6 @@ Medusa, Cai et al. 2024), with position id = prefix length + depth.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import torch
@@ -217,7 +216,7 @@ def additive_mask(allowed: torch.Tensor, past_len: int, dtype: torch.dtype, devi
 
     Returns:
         ``(1, 1, q, past_len + q)`` in ``dtype``: 0 where allowed, ``finfo(dtype).min`` where blocked
-        (a bool mask is silently wrong with eager attention; see notes.md).
+        (a bool mask is silently wrong with eager attention).
     """
     q = allowed.shape[0]
     if allowed.shape != (q, q) or allowed.dtype != torch.bool:
@@ -226,149 +225,3 @@ def additive_mask(allowed: torch.Tensor, past_len: int, dtype: torch.dtype, devi
     mask[:, :past_len] = 0
     mask[:, past_len:] = torch.where(allowed.cpu(), torch.zeros((), dtype=dtype), mask[:, past_len:])
     return mask.to(device)[None, None]
-
-
-# ----- Medusa trees: tree_choices -> tree buffers ------------------------------------------------
-
-class TreeChoicesError(ValueError):
-    """A Medusa tree (``tree_choices``) is malformed; the message says what and where."""
-
-
-def parse_tree_choices(value, num_heads: int | None = None, top_k: int | None = None,
-                       max_nodes: int | None = None) -> list[tuple[int, ...]]:
-    """Check Medusa ``tree_choices`` and return them sorted by depth, then index path.
-
-    A tree is a list of index paths (Cai et al. 2024, Medusa, section 2.1.2; the reference
-    implementation's ``medusa_choices``): path ``[i_1, ..., i_d]`` is the node at depth ``d``
-    whose token is head ``d``'s ``i_d``-th most likely token, below the node ``[i_1 .. i_{d-1}]``.
-    Example (the seed's depth-3 tree): ``[[0], [0, 0], [0, 1], [0, 0, 0]]``.
-
-    Args:
-        value: the paths, or their JSON text.
-        num_heads: when given, no path may be deeper than this (depth d is read from head d).
-        top_k: bound on every index (default :data:`~playground.engine.limits.MEDUSA_TOP_K`).
-        max_nodes: bound on the number of paths (default ``MAX_MEDUSA_TREE_NODES``).
-
-    Returns:
-        The paths as tuples, sorted by (depth, path), so that parents come before children.
-
-    Raises:
-        TreeChoicesError: malformed JSON, not a list of lists of integers, an empty tree, a
-            negative index, an index >= top_k, a path deeper than ``num_heads``, a duplicate
-            path, a path whose parent path is missing, or more than ``max_nodes`` paths.
-    """
-    from .limits import MAX_MEDUSA_TREE_NODES, MEDUSA_TOP_K
-
-    top_k = MEDUSA_TOP_K if top_k is None else top_k
-    max_nodes = MAX_MEDUSA_TREE_NODES if max_nodes is None else max_nodes
-    # 1. JSON text -> Python.
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise TreeChoicesError(f"the tree is not valid JSON: {e.msg} at line {e.lineno}, "
-                                   f"column {e.colno}") from None
-    # 2. Shape: a non-empty list of non-empty lists of integers.
-    if not isinstance(value, (list, tuple)):
-        raise TreeChoicesError(f"a tree must be a list of paths such as [[0], [0, 0], [1]], "
-                               f"got {type(value).__name__}")
-    if not value:
-        raise TreeChoicesError("the tree is empty: give at least one path, e.g. [[0]]")
-    if len(value) > max_nodes:
-        raise TreeChoicesError(f"the tree has {len(value)} paths; at most {max_nodes} are allowed")
-    paths: list[tuple[int, ...]] = []
-    for n, path in enumerate(value):
-        if not isinstance(path, (list, tuple)) or not path or \
-                not all(isinstance(i, int) and not isinstance(i, bool) for i in path):
-            shown = json.dumps(path) if _jsonable(path) else repr(path)
-            raise TreeChoicesError(f"path {n} ({shown}) must be a non-empty list of integers")
-        # 3. Bounds: indices in [0, top_k), depth <= num_heads.
-        if min(path) < 0:
-            raise TreeChoicesError(f"path {list(path)} has a negative index; indices count from 0 "
-                                   "(0 = the head's most likely token)")
-        if max(path) >= top_k:
-            raise TreeChoicesError(f"path {list(path)} has index {max(path)}, beyond the heads' top-{top_k}: "
-                                   f"indices must be in [0, {top_k - 1}]")
-        if num_heads is not None and len(path) > num_heads:
-            raise TreeChoicesError(f"path {list(path)} has depth {len(path)}, beyond the {num_heads} Medusa "
-                                   f"heads loaded: depth must be in [1, {num_heads}]")
-        paths.append(tuple(path))
-    # 4. No duplicates, and every parent path present.
-    seen: set[tuple[int, ...]] = set()
-    for path in paths:
-        if path in seen:
-            raise TreeChoicesError(f"path {list(path)} appears twice in the tree")
-        seen.add(path)
-    for path in paths:
-        if len(path) > 1 and path[:-1] not in seen:
-            raise TreeChoicesError(f"path {list(path)} has no parent: add {list(path[:-1])} "
-                                   "(every prefix of a path must be in the tree)")
-    return sorted(paths, key=lambda p: (len(p), p))
-
-
-def _jsonable(x) -> bool:
-    try:
-        json.dumps(x)
-        return True
-    except (TypeError, ValueError):
-        return False
-
-
-@dataclass
-class TreeBuffers:
-    """What a Medusa tree needs at every step (built once per tree, as the reference does).
-
-    Nodes are the sorted paths of :func:`parse_tree_choices`; node i has path ``choices[i]``.
-
-    Attributes:
-        choices: ``num_nodes`` index paths, sorted by (depth, path).
-        parents: ``(num_nodes,)`` int64 parent node index (-1 = child of the root).
-        depths: ``(num_nodes,)`` int64, 1 for children of the root; node i's token comes from
-            head ``depths[i]`` (1-based) and sits at position ``prefix length + depths[i]``.
-        ranks: ``(num_nodes,)`` int64: node i's token is that head's ``ranks[i]``-th best.
-        mask: ``(num_nodes + 1, num_nodes + 1)`` bool tree attention over [root, nodes]
-            (:func:`tree_mask_bool`): a query sees itself and its ancestors.
-        position_offsets: ``(num_nodes + 1,)`` int64: 0 for the root, then ``depths``;
-            position ids are ``prefix length + position_offsets``.
-        paths: root-to-leaf node index lists (one per leaf), the candidate sequences the
-            reference reads back (``retrieve_indices``).
-    """
-
-    choices: list[tuple[int, ...]]
-    parents: torch.Tensor
-    depths: torch.Tensor
-    ranks: torch.Tensor
-    mask: torch.Tensor
-    position_offsets: torch.Tensor
-    paths: list[list[int]]
-
-    def __len__(self) -> int:
-        return len(self.choices)
-
-    @property
-    def max_depth(self) -> int:
-        return int(self.depths.max()) if len(self) else 0
-
-    def nodes_within(self, depth: int) -> int:
-        """Number of nodes at depth <= ``depth``: a prefix of the node order (nodes are sorted by depth)."""
-        return int((self.depths <= depth).sum())
-
-
-def tree_buffers(choices) -> TreeBuffers:
-    """Build :class:`TreeBuffers` from ``tree_choices`` (checked with :func:`parse_tree_choices`).
-
-    Steps (as the reference's ``generate_medusa_buffers``): 1. sort the paths by depth so that
-    parents come first; 2. each node's parent is the node of its path minus the last index;
-    3. the attention mask lets each node see its ancestors; 4. positions are prefix length +
-    depth; 5. the leaf paths are the candidate sequences.
-    """
-    paths = parse_tree_choices(choices)
-    index = {p: i for i, p in enumerate(paths)}
-    parents = torch.tensor([index[p[:-1]] if len(p) > 1 else -1 for p in paths], dtype=torch.long)
-    depths = torch.tensor([len(p) for p in paths], dtype=torch.long)
-    ranks = torch.tensor([p[-1] for p in paths], dtype=torch.long)
-    has_child = {p[:-1] for p in paths if len(p) > 1}
-    leaves = [p for p in paths if p not in has_child]
-    leaf_paths = [[index[leaf[:d]] for d in range(1, len(leaf) + 1)] for leaf in leaves]
-    return TreeBuffers(paths, parents, depths, ranks, tree_mask_bool(parents),
-                       torch.cat([torch.zeros(1, dtype=torch.long), depths]), leaf_paths)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from .limits import POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB
+from .sampling import logits_to_probs
 from .tree import Candidates
 
 
@@ -245,3 +246,26 @@ def verify_typical_reference(candidates: Candidates, target_probs: torch.Tensor,
         if len(accepted) > len(best) or (accepted and len(accepted) == len(best) and accepted[-1] < best[-1]):
             best = accepted
     return best
+
+
+def verify(candidates: Candidates, logits: torch.Tensor, sampling, generator: torch.Generator | None,
+           typical: "TypicalAcceptance | None" = None) -> Verdict:
+    """Verify ``candidates`` with the rule that applies: the one choice of rule in the engine.
+
+    Args:
+        candidates: the proposal (``num_nodes`` tokens).
+        logits: ``(num_nodes + 1, vocab_size)`` float32 target logits at the root and after each node.
+        sampling: the run's :class:`~playground.engine.sampling.SamplingConfig`.
+        generator: the run's generator (None under greedy decoding).
+        typical: the drafter's typical-acceptance rule (Medusa's lossy option), None for the exact rules.
+
+    Returns:
+        The :class:`Verdict`: typical acceptance when ``typical`` is given; else exact argmax
+        matching under greedy decoding, speculative sampling otherwise.
+    """
+    if typical is not None:
+        probs = torch.softmax(logits, -1) if sampling.greedy else logits_to_probs(logits, sampling)
+        return verify_typical(candidates, probs, typical, generator)
+    if sampling.greedy:
+        return verify_greedy(candidates, logits)
+    return verify_sampling(candidates, logits_to_probs(logits, sampling), generator)

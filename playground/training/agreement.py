@@ -17,7 +17,7 @@ forcing) and counts, at every answer position:
   from answer position i accepts the base model's token plus the longest tree path whose
   head-k candidates equal the baseline's next tokens; the walk then jumps past them. The trees
   are the first n nodes that the ``auto`` tree grows from the heads' recorded accuracy
-  (:func:`~playground.engine.medusa_trees.greedy_tree`), so this is the tau a timed benchmark
+  (:func:`~playground.engine.greedy_tree`), so this is the tau a timed benchmark
   would measure for each size (up to float rounding between a tree pass and a one-token pass).
 
 No timing is involved, so it runs on a busy machine and in seconds per question; it tells
@@ -36,15 +36,14 @@ Command line::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from playground.bench import BASELINE, BenchError, load_questions
+from playground.bench import BenchError, load_questions, read_records
+from playground.engine import BASELINE
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ def bench_sequences(records: list[dict], questions: list, encode) -> list[Teache
         records: the benchmark's records (``python -m playground.bench --out``).
         questions: the :class:`~playground.bench.Question` list the benchmark ran.
         encode: ``encode(messages) -> prompt ids``, the engine's
-            :meth:`~playground.engine.compare.Engine.encode_prompt`.
+            :meth:`~playground.engine.Engine.encode_prompt`.
 
     Raises:
         ValueError: no baseline record, or a rebuilt prompt whose length differs from the
@@ -201,13 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from playground.engine.compare import Engine
-    from playground.engine.models import ModelLoadError
+    from playground.engine import Engine, ModelLoadError
 
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        records = [json.loads(line) for line in Path(args.results).read_text().splitlines() if line.strip()]
+        records = read_records(args.results)
         questions = load_questions(args.questions)
     except (OSError, ValueError, BenchError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -225,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                         for s in seqs]
     cands = []
     if engine.medusa is not None:
-        from playground.engine.limits import MEDUSA_TOP_K
+        from playground.engine import MEDUSA_TOP_K
 
         cands = [head_candidates(engine.target.model, engine.medusa, s, engine.target_lm.vocab_size, MEDUSA_TOP_K)
                  for s in seqs]
@@ -243,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 def tree_tau_table(heads, seqs: list[TeacherSequence], cands: list[torch.Tensor], sizes: list[int]) -> str:
     """Teacher-forced tau per tree size (:func:`tree_accepts`, candidates from :func:`head_candidates`)
     for the first n nodes of the tree that ``auto`` grows from the heads' recorded accuracy."""
-    from playground.engine.medusa_trees import expected_tokens, greedy_tree, rank_probs_from_accuracy
+    from playground.engine import expected_tokens, greedy_tree, rank_probs_from_accuracy
 
     if heads.top_k_accuracy is None:
         return "tree tau: the heads record no accuracy to grow a tree from"

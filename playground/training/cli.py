@@ -49,3 +49,34 @@ def float_in(low: float, high: float = math.inf, *, low_open: bool = False, high
             raise argparse.ArgumentTypeError(f"must be in {interval}, got {text}")
         return value
     return parse
+
+
+class _PlainBar:
+    def __init__(self, total: int, desc: str):
+        self.total, self.desc, self.n, self.post, self.last = total, desc, 0, "", 0.0
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.perf_counter() - self.last > 5 or self.n >= self.total:
+            print(f"{self.desc}: {self.n}/{self.total} {self.post}", file=sys.stderr, flush=True)
+            self.last = time.perf_counter()
+
+    def set_postfix_str(self, text: str, refresh: bool = False) -> None:
+        self.post = text
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, desc: str, enabled: bool):
+    """A tqdm progress bar on stderr (a printed line every few seconds without tqdm; nothing when disabled)."""
+    if not enabled:
+        bar = _PlainBar(total, desc)
+        bar.update = lambda n=1: None  # type: ignore[method-assign]
+        return bar
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
+    except ImportError:
+        return _PlainBar(total, desc)

@@ -5,7 +5,7 @@ loads it) with the target's tokenizer and a token map (``draft_vocab.json``), so
 draft-model method can use it like any other draft.
 
 Choices (measured on the embedded default, SmolLM2-135M-Instruct, on a 2-core CPU; see
-README "The distilled draft"):
+docs/draft_model.md):
 
 * **Reduced vocabulary.** The target's output layer alone is 576 × 49152 ≈ 28 M multiply-adds
   per token, a fifth of the target. The draft predicts only the ``--vocab`` most frequent
@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from playground.engine.draft_model import TOKEN_MAP_FILE, TokenMap
+from playground.engine import TOKEN_MAP_FILE, TokenMap
 from playground.training.cli import HelpFormatter
 from playground.training.data import load_records, split_records
 
@@ -230,7 +230,7 @@ def time_per_token(model, n: int = 30, context: int = 128) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from playground.engine.models import load_model
+    from playground.engine import load_model
 
     p = argparse.ArgumentParser(prog="python -m playground.training.draft", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     draft.to(torch.float32)
     target.tokenizer.save_pretrained(args.out)
     token_map.save(args.out)
-    from playground.engine.cpu_linear import half_weight_linear_layers
+    from playground.engine import half_weight_linear_layers
 
     half_weight_linear_layers(draft)  # timed as decoding runs it: float16 weights (it was just saved so)
     t_draft, t_target = time_per_token(draft), time_per_token(target.model)

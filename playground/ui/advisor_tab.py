@@ -1,10 +1,10 @@
 """The Advisor tab: which method suits your situation, why, and a button that applies it.
 
-The rules and the advice come from :mod:`playground.presets` (data plus one function); this
-module only lays them out, applies an :class:`~playground.presets.Advice` to the Playground tab's
-checkboxes and sliders, and offers the model presets (loaded through
-:mod:`playground.engine.models`, like the default; a preset that cannot load here shows the
-loader's message).
+The rules and the advice come from :mod:`playground.advisor` (data plus one function, quoting
+``assets/measurements.json``); this module only lays them out, applies an
+:class:`~playground.advisor.Advice` to the Playground tab's checkboxes and sliders, and offers the
+model presets (:mod:`playground.presets`, loaded through ``Engine.load`` like the default; a preset
+that cannot load here shows the loader's message).
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import logging
 
 import gradio as gr
 
-from playground import presets
-from playground.engine import theory
-from playground.engine.compare import BASELINE, METHODS
+from playground import advisor, presets
+from playground.engine import BASELINE, METHODS, theory
 
 log = logging.getLogger(__name__)
 
@@ -24,15 +23,15 @@ NO_DRAFT = 0.0
 """The draft-size box's value meaning "no same-family smaller model"."""
 
 
-def _size_b(model) -> float:
-    """A model's parameter count in billions, to 3 significant digits (0.135, 0.00747)."""
-    return float(f"{sum(p.numel() for p in model.parameters()) / 1e9:.3g}")
+def _size_b(engine, part: str) -> float:
+    """A loaded model's parameter count in billions, to 3 significant digits (0.135, 0.00747)."""
+    return float(f"{engine.parameter_count(part) / 1e9:.3g}")
 
 
 def target_size_b(engine) -> float:
     """The loaded target's parameter count in billions (3 significant digits)."""
     try:
-        return _size_b(engine.target.model)
+        return _size_b(engine, "target")
     except AttributeError:
         return 0.135
 
@@ -40,7 +39,7 @@ def target_size_b(engine) -> float:
 def loaded_draft_b(engine) -> float:
     """The loaded draft's size in billions, or :data:`NO_DRAFT` when none is loaded."""
     try:
-        return _size_b(engine.draft.model) if engine.draft is not None else NO_DRAFT
+        return _size_b(engine, "draft") if engine.draft is not None else NO_DRAFT
     except AttributeError:
         return NO_DRAFT
 
@@ -54,18 +53,20 @@ def loaded_models(engine) -> tuple[bool, bool, int | None]:
             int(k) if isinstance(k, (int, float)) and not isinstance(k, bool) else None)
 
 
-def advice_markdown(advice: presets.Advice, engine) -> str:
+def advice_markdown(advice: advisor.Advice, engine) -> str:
     """The advice as Markdown: the recommendation, settings, reasons with their rules, measured notes."""
     label = METHODS[advice.primary].label if advice.primary in METHODS else advice.primary
     lines = [f"### Recommended: **{label}**"]
     ticks = ", ".join(METHODS[m].label if m in METHODS else m for m in advice.methods)
     lines.append(f"Compare on the Playground tab: {ticks}.")
     for m, params in advice.params.items():
+        if not params:
+            continue
         name = METHODS[m].label if m in METHODS else m
         lines.append(f"- **{name}**: " + ", ".join(f"{k} = {v}" for k, v in params.items()))
     lines.append("\n**Why**")
     for rule_id, text in advice.reasons:
-        rule = presets.RULES[rule_id]
+        rule = advisor.RULES[rule_id]
         lines.append(f"- {html.escape(text)}. _Rule `{rule_id}`: {html.escape(rule.guidance)} ({rule.source})_")
     if advice.measured_notes:
         lines.append("\n**Where our measurements disagree**")
@@ -89,8 +90,8 @@ def _number(value, name: str) -> float:
 
 
 def situation(target_b, draft_b, train, task, appetite, device, loaded_draft=False, loaded_medusa=False,
-              draft_k=None, cpu_isa=None) -> presets.Situation:
-    """A :class:`presets.Situation` from the tab's inputs (draft size 0 = none; a negative one is an error).
+              draft_k=None, cpu_isa=None) -> advisor.Situation:
+    """A :class:`advisor.Situation` from the tab's inputs (draft size 0 = none; a negative one is an error).
 
     Raises:
         ValueError: an empty or non-numeric size (the situation's own check names the allowed range).
@@ -99,7 +100,7 @@ def situation(target_b, draft_b, train, task, appetite, device, loaded_draft=Fal
     d = 0.0 if draft_b is None or draft_b == "" else _number(draft_b, "draft size")
     if d < 0:
         raise ValueError(f"the draft size must be 0 (no draft) or a positive size below the target, got {d:g}")
-    return presets.Situation(t, d if d > 0 else None, bool(train), task, appetite, device,
+    return advisor.Situation(t, d if d > 0 else None, bool(train), task, appetite, device,
                              bool(loaded_draft), bool(loaded_medusa), draft_k if loaded_draft else None,
                              cpu_isa if device == "cpu" else None)
 
@@ -113,11 +114,11 @@ def advise(engine, *values) -> tuple[str, dict | None]:
     """
     try:
         _, _, draft_k = loaded_models(engine)
-        s = situation(*values, draft_k=draft_k, cpu_isa=presets.cpu_isa())
-        adv = presets.advise(s, verify_cost=_measured_cost(engine))
+        s = situation(*values, draft_k=draft_k, cpu_isa=advisor.cpu_isa())
+        adv = advisor.advise(s, verify_cost=_measured_cost(engine))
     except (TypeError, ValueError) as e:
         return (f"**Cannot advise:** {html.escape(str(e))}.\n\nAllowed: a target size above 0 and at most "
-                f"{presets.MAX_TARGET_B:g} billion parameters, and a draft size of 0 (none) or above 0 and below "
+                f"{advisor.MAX_TARGET_B:g} billion parameters, and a draft size of 0 (none) or above 0 and below "
                 "the target. Fix the input to see a recommendation."), None
     return advice_markdown(adv, engine), {"methods": adv.methods, "params": adv.params, "primary": adv.primary}
 
@@ -188,7 +189,7 @@ def load_preset(engine, name: str) -> str:
     and Medusa heads, the shipped ones for the embedded default); a failure
     (no hub, unknown id, out of memory) is reported, and the loaded models stay.
     """
-    from playground.engine.models import ModelLoadError
+    from playground.engine import ModelLoadError
 
     try:
         p = presets.get_preset(name)
@@ -198,8 +199,7 @@ def load_preset(engine, name: str) -> str:
     except (ModelLoadError, ValueError, MemoryError, OSError) as e:
         return f"**Could not load preset {html.escape(name)}:** {html.escape(str(e))}"
     target, draft = new.target, new.draft
-    with engine.lock:  # swap between steps: runs in flight finish their current step first
-        engine.__dict__.update({k: v for k, v in new.__dict__.items() if k != "lock"})
+    engine.replace_models(new)  # between steps: runs in flight finish their current step first
     return (f"Loaded **{html.escape(target.name)}**" + (f" with draft {html.escape(draft.name)}" if draft else "")
             + ". Reload the page to see the header and the methods that are now available.")
 
@@ -213,7 +213,7 @@ def build(engine, use: dict, knobs: dict) -> None:
     """
     device = "cpu" if str(engine.target.device) == "cpu" else "gpu"
     gr.Markdown("Tell the advisor about your deployment; it recommends a method and settings, with the rule behind "
-                "each choice, and says where measurements (this device's from the Theory tab, or the README's, "
+                "each choice, and says where measurements (this device's from the Theory tab, or the project's, "
                 "naming the machine) disagree with a rule.")
     has_draft, has_medusa, _ = loaded_models(engine)
     with gr.Row(equal_height=False):
@@ -221,7 +221,7 @@ def build(engine, use: dict, knobs: dict) -> None:
             # No minimum/maximum on the boxes: Gradio would reject out-of-range values with a server
             # traceback and keep the old advice; advise() checks them and says what is allowed.
             target_b = gr.Number(target_size_b(engine), label=f"Target size (billions of parameters, above 0 and at "
-                                 f"most {presets.MAX_TARGET_B:g})", elem_id="advisor-target-b")
+                                 f"most {advisor.MAX_TARGET_B:g})", elem_id="advisor-target-b")
             draft_b = gr.Number(loaded_draft_b(engine), label="Same-family smaller model with the same tokenizer "
                                 "(billions; 0 = none)", elem_id="advisor-draft-b")
             train = gr.Checkbox(False, label="Willing to train something (e.g. Medusa heads)", elem_id="advisor-train")
@@ -229,9 +229,9 @@ def build(engine, use: dict, knobs: dict) -> None:
                                        "Playground tab can measure it)", elem_id="advisor-loaded-draft")
             loaded_medusa = gr.Checkbox(has_medusa, label="Medusa heads for this target are loaded here",
                                         elem_id="advisor-loaded-medusa")
-            task = gr.Dropdown(list(presets.TASKS), value="chat", label="Task", elem_id="advisor-task",
+            task = gr.Dropdown(list(advisor.TASKS), value="chat", label="Task", elem_id="advisor-task",
                                info="Code, summarisation, RAG and extraction copy from the prompt.")
-            appetite = gr.Radio(list(presets.APPETITES), value="default", label="Appetite for risk (sets K)",
+            appetite = gr.Radio(list(advisor.APPETITES), value="default", label="Appetite for risk (sets K)",
                                 elem_id="advisor-appetite")
             dev = gr.Radio(["gpu", "cpu"], value=device, label="Device", elem_id="advisor-device")
             with gr.Row():
@@ -255,7 +255,7 @@ def build(engine, use: dict, knobs: dict) -> None:
             load_btn = gr.Button("Load preset", size="sm", elem_id="preset-load")
         preset_info = gr.Markdown(preset_markdown("default"), elem_id="preset-info")
         with gr.Accordion("The advisor's rules", open=False):
-            gr.Markdown("\n".join(f"- **`{r.id}`**: {r.guidance} _({r.source})_" for r in presets.RULES.values()))
+            gr.Markdown("\n".join(f"- **`{r.id}`**: {r.guidance} _({r.source})_" for r in advisor.RULES.values()))
 
     knob_keys = list(knobs)
     def advise_and_clear(*v):  # new advice: the last "Applied" message no longer describes it

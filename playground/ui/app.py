@@ -1,6 +1,6 @@
 """The Gradio page: prompt, methods and their knobs, one streaming panel per method, charts.
 
-:func:`build_demo` lays the page out for a loaded :class:`~playground.engine.compare.Engine`;
+:func:`build_demo` lays the page out for a loaded :class:`~playground.engine.Engine`;
 :func:`launch_options` gives the theme and CSS that Gradio 6 takes in ``launch()``.
 
 The run handler is a plain generator over plain values: its arguments are the input
@@ -25,12 +25,12 @@ from typing import Any, Iterator
 
 import gradio as gr
 
-from playground.engine.compare import BASELINE, METHODS, SOURCE_LABELS, Engine, MethodSpec, RunOutput, \
-    check_lossless, is_lossless
-from playground.engine.decoding import GenerationSettings
-from playground.engine.limits import GENERATION_KNOBS, MAX_MEDUSA_HEADS
-from playground.engine.medusa import head_source
-from playground.engine.sampling import SamplingConfig
+from playground.engine import BASELINE, METHODS, Engine, MethodSpec, RunOutput, source_labels
+from playground.engine import check_lossless, is_lossless
+from playground.engine import GenerationSettings
+from playground.engine import GENERATION_KNOBS, MAX_MEDUSA_HEADS
+from playground.engine import head_source
+from playground.engine import SamplingConfig
 
 from . import advisor_tab, bench_tab, charts, insight, medusa_panel, render, theory_tab, worker
 from .knobs import knob_input
@@ -84,11 +84,24 @@ def input_names() -> list[str]:
     """Names of the run handler's arguments, in order.
 
     ``prompt``; ``use_<method>`` per method; ``<method>_<knob>`` per method knob;
-    then the generation settings (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``).
+    then the generation settings (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``),
+    then ``stop_strings`` (text, one stop string per line).
     """
     names = ["prompt"] + [f"use_{m}" for m in METHODS]
     names += [f"{m}_{k.name}" for m, info in METHODS.items() for k in info.knobs]
-    return names + [k.name for k in GENERATION_KNOBS]
+    return names + [k.name for k in GENERATION_KNOBS] + [STOP_INPUT]
+
+
+STOP_INPUT = "stop_strings"
+"""The page's stop-strings field: one stop string per line."""
+
+
+def stop_lines(text) -> tuple[str, ...]:
+    """The stop strings of the page's field (one per line, empty lines dropped); a list or tuple of
+    strings (API clients) is taken as it is."""
+    if isinstance(text, (list, tuple)):
+        return tuple(str(s) for s in text if str(s))
+    return tuple(line for line in str(text or "").splitlines() if line)
 
 
 def run_arguments(prompt: str, methods: list[str], params: dict[str, dict] | None = None,
@@ -100,7 +113,7 @@ def run_arguments(prompt: str, methods: list[str], params: dict[str, dict] | Non
         methods: names of the methods to tick.
         params: method -> {knob: value}; missing knobs take their defaults.
         generation: ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``
-            (defaults from :data:`GENERATION_KNOBS`).
+            (defaults from :data:`GENERATION_KNOBS`), and ``stop_strings`` (a list, or lines of text).
 
     Example::
 
@@ -108,12 +121,14 @@ def run_arguments(prompt: str, methods: list[str], params: dict[str, dict] | Non
                       api_name="/run")
     """
     params = params or {}
-    unknown = set(generation) - {k.name for k in GENERATION_KNOBS}
+    unknown = set(generation) - {k.name for k in GENERATION_KNOBS} - {STOP_INPUT}
     if unknown:
         raise TypeError(f"unknown generation settings {sorted(unknown)}")
     args: list = [prompt] + [m in methods for m in METHODS]
     args += [params.get(m, {}).get(k.name, k.default) for m, info in METHODS.items() for k in info.knobs]
-    return args + [generation.get(k.name, k.default) for k in GENERATION_KNOBS]
+    stops = generation.get(STOP_INPUT, "")
+    return args + [generation.get(k.name, k.default) for k in GENERATION_KNOBS] + \
+        ["\n".join(stops) if isinstance(stops, (list, tuple)) else stops]
 
 
 def _parse(values: tuple) -> tuple[str, list[MethodSpec], GenerationSettings]:
@@ -140,7 +155,11 @@ def _parse(values: tuple) -> tuple[str, list[MethodSpec], GenerationSettings]:
     except ValueError as e:
         raise ValueError(f"Generation settings: {e}") from None
     sampling = SamplingConfig(gen["temperature"], gen["top_p"], gen["top_k"], gen["seed"])
-    return str(v["prompt"] or ""), specs, GenerationSettings(gen["max_new_tokens"], sampling)
+    try:
+        settings = GenerationSettings(gen["max_new_tokens"], sampling, stop_strings=stop_lines(v[STOP_INPUT]))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"Stop strings: {e}") from None
+    return str(v["prompt"] or ""), specs, settings
 
 
 # ----- one run ----------------------------------------------------------------------------
@@ -173,7 +192,7 @@ class _RunView:
         if out.last is None:
             self.html[m] = ""  # drop the placeholder; from here on the panel only grows
         out.add(SimpleNamespace(**event))  # RunOutput reads tokens, sources, margins, pieces
-        self.html[m] += render.token_spans(event["pieces"], SOURCE_LABELS)
+        self.html[m] += render.token_spans(event["pieces"], source_labels())
         self.stats[m] = event["stats"]
         self.timelines.setdefault(m, []).append(tuple(event["point"]))
         if event["tokens"]:
@@ -324,7 +343,7 @@ def run_comparison(engine: Engine, *values, stream=None) -> Iterator[tuple]:
 
 
 # ----- the page ---------------------------------------------------------------------------
-def build_demo(engine: Engine) -> gr.Blocks:
+def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
     """Build the playground page for ``engine`` (launch it with ``**launch_options()``).
 
     The page has: a header naming the models, device and dtype; the prompt (``#prompt``) with
@@ -332,7 +351,8 @@ def build_demo(engine: Engine) -> gr.Blocks:
     reason) and its knobs; generation settings; Run (``#run``) and Stop (``#stop``); a status
     line (``#status``); one panel per method (``#panel-<method>``, tokens coloured by source,
     a stats line and a lossless badge); the tokens-over-time chart (``#chart``) and the
-    throughput bars (``#bars``). The run is served at ``api_name="run"``.
+    throughput bars (``#bars``). The run is served at ``api_name="run"``. With ``vllm`` (a
+    :class:`.vllm_panel.VLLMSession`) a vLLM tab serves the same prompt through vLLM.
     """
     target = engine.target
     draft = getattr(engine, "draft", None)
@@ -382,8 +402,11 @@ def build_demo(engine: Engine) -> gr.Blocks:
                                                                             knobs[-len(info.knobs):])))
                         with gr.Accordion("Generation settings", open=False):
                             gen = [knob_input(k, f"gen-{k.name}") for k in GENERATION_KNOBS]
+                            gen.append(gr.Textbox(label="Stop strings", lines=2, elem_id="gen-stop",
+                                                  placeholder="one per line, e.g. ###",
+                                                  info="Each output ends at the first of these texts (kept)."))
 
-                gr.HTML(render.legend_html(sources, SOURCE_LABELS), elem_id="legend")
+                gr.HTML(render.legend_html(sources, source_labels()), elem_id="legend")
                 panel_cols, panel_outputs = {}, []
                 with gr.Row(equal_height=False, elem_id="method-panels"):
                     for m, info in METHODS.items():
@@ -420,6 +443,10 @@ def build_demo(engine: Engine) -> gr.Blocks:
                 theory_tab.build(engine, last_run, theory)
             with gr.Tab("Advisor", id="advisor", elem_id="tab-advisor"):
                 advisor_tab.build(engine, use, dict(zip(_knob_keys(), knobs)))
+            if vllm is not None:  # a vllm_panel.VLLMSession (app.py --vllm / --vllm-url)
+                from . import vllm_panel
+                with gr.Tab("vLLM", id="vllm", elem_id="tab-vllm"):
+                    vllm_panel.build(vllm, engine)
 
         for m in METHODS:
             use[m].change(lambda on: gr.Column(visible=bool(on)), use[m], panel_cols[m],

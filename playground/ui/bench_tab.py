@@ -1,11 +1,12 @@
 """The Benchmark tab: the benchmark of ``python -m playground.bench``, run from the page.
 
 Questions come from the bundled sets (``assets/bench/``) or an uploaded JSONL in either format
-(Spec-Bench or HumanEval rows), parsed by ``bench.load_questions``; the runs are
-``bench.iter_benchmark`` (through :func:`worker.stream_bench`); the table and its numbers are
-``bench.summarize`` / ``bench.table_cells`` / ``bench.leaderboard``: the command line's own
-functions, so the page and the CLI cannot disagree. Downloads hold the same records the CLI
-writes (JSONL) and the same as CSV (:mod:`playground.bench_io`).
+(Spec-Bench or HumanEval rows), parsed by ``bench.load_questions``; the runs, and every check
+of them, are the benchmark runner's (``bench.prepare``, through :func:`worker.stream_bench`);
+the table and its numbers are ``bench.summarize`` / ``bench.table_cells`` /
+``bench.leaderboard``: the functions the command line prints with, so the page and the CLI
+cannot disagree. Downloads hold the same records the CLI writes (JSONL) and the same as CSV
+(``bench.to_jsonl``, ``bench.to_csv``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ from typing import Iterator
 
 import gradio as gr
 
-from playground import bench, bench_io
-from playground.engine.compare import BASELINE, METHODS, MethodSpec
-from playground.engine.limits import Knob
+from playground import bench
+from playground.engine import BASELINE, METHODS, Knob, MethodSpec
 
 from . import charts, render, worker
 from .knobs import knob_input
@@ -121,8 +121,8 @@ def progress_html(done: int, total: int, text: str) -> str:
 
 def _write_files(records: list[dict], folder: Path) -> tuple[str, str]:
     jsonl, csv_path = folder / "results.jsonl", folder / "results.csv"
-    jsonl.write_text(bench_io.to_jsonl(records), encoding="utf-8")
-    csv_path.write_text(bench_io.to_csv(records), encoding="utf-8")
+    jsonl.write_text(bench.to_jsonl(records), encoding="utf-8")
+    csv_path.write_text(bench.to_csv(records), encoding="utf-8")
     return str(csv_path), str(jsonl)
 
 
@@ -146,7 +146,8 @@ def run_benchmark(engine, set_name, upload, categories, methods, limit, max_new_
     """The tab's Run handler: stream progress, the tables, the charts and the downloads.
 
     Bad input (no file, unknown category, no method, a knob out of range, a method that cannot
-    run) yields one warning message and ends; it never raises.
+    run: the page's own inputs here, every run check in the runner) yields one warning message
+    and ends; it never raises.
     """
     stream = stream or worker.BENCH
     records: list[dict] = []
@@ -161,14 +162,9 @@ def run_benchmark(engine, set_name, upload, categories, methods, limit, max_new_
             chosen = [m for m in METHODS if m in (methods or [])]
             if not chosen:
                 raise bench.BenchError("no method is ticked: choose at least one (the baseline is added)")
-            names = [BASELINE] + [m for m in chosen if m != BASELINE]
+            names = bench.order_methods(chosen)
             values = dict(zip([(m, k.name) for m, k in knob_keys()], knob_values))
             specs = [MethodSpec(m, {k.name: values[(m, k.name)] for k in METHODS[m].knobs}) for m in names]
-            for s in specs:
-                s.checked_params()
-                reason = engine.unavailable_reason(s.name)
-                if reason:
-                    raise bench.BenchError(f"{s.name} cannot run: {reason}")
         except (bench.BenchError, ValueError) as e:
             gr.Warning(str(e))
             yield warn(str(e))
@@ -176,12 +172,16 @@ def run_benchmark(engine, set_name, upload, categories, methods, limit, max_new_
         total = sum(len(q.turns) for q in questions) * len(specs)
         folder = Path(tempfile.mkdtemp(prefix="bench-"))
         t0 = time.perf_counter()
-        bar = progress_html(0, total, "warming up…" if warmup else "starting…")
-        yield (f"Running {', '.join(names)} on {render.plural(len(questions), 'question')}…", bar, *(gr.skip(),) * 6)
         settings = {"max_new_tokens": max_new, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0}
         done = 0
-        qdicts = [{"question_id": q.question_id, "category": q.category, "turns": list(q.turns)} for q in questions]
+        qdicts = [bench.question_dict(q) for q in questions]
         for item in stream(worker.register(engine), qdicts, worker.spec_dicts(specs), settings, 1 if warmup else 0):
+            if item["type"] == "start":  # every run check passed
+                total = item["runs"]
+                bar = progress_html(0, total, "warming up…" if warmup else "starting…")
+                yield (f"Running {', '.join(names)} on {render.plural(len(questions), 'question')}…", bar,
+                       *(gr.skip(),) * 6)
+                continue
             if item["type"] == "warning":
                 gr.Warning(item["message"])
                 yield warn(item["message"])

@@ -12,7 +12,7 @@ import textwrap
 
 import plotly.graph_objects as go
 
-from playground.engine.compare import METHODS
+from playground.engine import METHODS
 
 METHOD_COLORS = ("#2563eb", "#d97706", "#059669", "#db2777", "#7c3aed", "#0891b2")
 """Line and bar colours, by the method's position in the registry."""

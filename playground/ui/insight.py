@@ -13,8 +13,8 @@ import html
 import gradio as gr
 
 from playground.engine import theory
-from playground.engine.compare import METHODS
-from playground.engine.lookahead import LOOKAHEAD_PRESETS
+from playground.engine import METHODS
+from playground.engine import LOOKAHEAD_PRESETS
 
 from . import charts
 

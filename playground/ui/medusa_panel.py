@@ -15,9 +15,9 @@ import json
 
 import gradio as gr
 
-from playground.engine.medusa import head_acceptance, head_source
-from playground.engine.medusa_trees import AUTO, TREE_DESCRIPTIONS, TREE_PRESETS
-from playground.engine.tree import TreeChoicesError, parse_tree_choices, tree_buffers
+from playground.engine import describe_medusa_tree, head_acceptance, head_source, medusa_tree
+from playground.engine import AUTO_TREE as AUTO, TREE_DESCRIPTIONS, TREE_PRESETS
+from playground.engine import TreeChoicesError, parse_tree_choices, tree_buffers
 
 from . import render
 
@@ -94,7 +94,7 @@ def head_acceptance_markdown(stats: dict) -> str:
 def _paths_for(engine, value) -> list[list[int]]:
     """The paths a tree value means with ``engine``'s heads (presets trimmed to the heads; auto chosen)."""
     if getattr(engine, "medusa", None) is not None:
-        return engine.medusa_tree(value)
+        return medusa_tree(engine, value)
     if value == AUTO:
         raise ValueError("the auto tree is chosen once Medusa heads are loaded")
     if isinstance(value, str) and value in TREE_PRESETS:
@@ -108,7 +108,7 @@ def describe(engine, value) -> tuple[str, str, str]:
         paths = _paths_for(engine, value)
         text = json.dumps([list(p) for p in paths])
         if getattr(engine, "medusa", None) is not None:
-            info = engine.medusa_tree_description(value)
+            info = describe_medusa_tree(engine, value)
         else:
             info = TREE_DESCRIPTIONS.get(value, "custom tree") if isinstance(value, str) else "custom tree"
         return text, tree_svg(paths), f"Tree in use: {html.escape(info)}"

@@ -3,8 +3,9 @@
 Formulas from :mod:`playground.engine.theory` (Leviathan et al. 2023): expected tokens per step
 (1 - alpha^(K+1)) / (1 - alpha), step cost K*c + verify_cost(K+1), speedup = their ratio.
 The verify cost is measured on this device with the loaded target the first time the tab opens
-(cached per engine in :data:`insight.VERIFY_COSTS`); until then, or on request, the fallback
-table or the paper's constant 1 is used. Whatever the source, the cost used and shown is made
+(cached per engine in :data:`insight.VERIFY_COSTS`); until then, or on request, the project's own
+measurement on another CPU (``theory.FALLBACK``, from ``assets/measurements.json``, which
+``python -m playground.measure --verify-cost`` rewrites) or the paper's constant 1 is used. Whatever the source, the cost used and shown is made
 non-decreasing in the number of tokens (``VerifyCost.monotone``), since timings on a busy
 machine are noisy. The last run's measured (alpha, speedup) points are
 overlaid.
@@ -17,13 +18,14 @@ import html
 import gradio as gr
 
 from playground.engine import theory
-from playground.engine.limits import MAX_SPECULATIVE_TOKENS
+from playground.engine import MAX_SPECULATIVE_TOKENS
 
 from . import charts, insight, worker
 
 K_CHOICES = [1, 2, 3, 4, 6, 8, 12, 16]
 C_CHOICES = [0.0, 0.02, 0.05, 0.1, 0.2, 0.5]
-MEASURED, FALLBACK, CONSTANT = "measured on this device", "fallback table", "constant 1 (paper's assumption)"
+MEASURED, FALLBACK, CONSTANT = ("measured on this device", "measured by the project on another CPU",
+                                "constant 1 (paper's assumption)")
 MEASURE_SIZES = sorted({*theory.DEFAULT_MEASURE_SIZES, MAX_SPECULATIVE_TOKENS + 1})
 """Tokens per forward timed on this device: K + 1 for K = 1, 2, 4, 8, 16."""
 ALPHAS = [i / 100 for i in range(0, 101)]

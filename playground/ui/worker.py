@@ -20,9 +20,7 @@ import os
 import threading
 from typing import Callable, Iterator
 
-from playground.engine.compare import BASELINE, METHODS, Engine, MethodSpec
-from playground.engine.decoding import GenerationSettings
-from playground.engine.sampling import SamplingConfig
+from playground.engine import BASELINE, METHODS, Engine, GenerationSettings, MethodSpec, SamplingConfig
 
 ENGINES: dict[str, Engine] = {}
 """Engine key -> engine (registered by the page; inherited by ZeroGPU's forked child)."""
@@ -70,7 +68,7 @@ def settings_dict(settings: GenerationSettings) -> dict:
     """Generation settings as a plain dict (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``)."""
     s = settings.sampling
     return {"max_new_tokens": settings.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
-            "top_k": s.top_k, "seed": s.seed}
+            "top_k": s.top_k, "seed": s.seed, "stop_strings": list(settings.stop_strings)}
 
 
 def _specs(specs: list[dict]) -> list[MethodSpec]:
@@ -79,7 +77,8 @@ def _specs(specs: list[dict]) -> list[MethodSpec]:
 
 def _settings(d: dict) -> GenerationSettings:
     return GenerationSettings(d["max_new_tokens"], SamplingConfig(d.get("temperature", 0.0), d.get("top_p", 1.0),
-                                                                  d.get("top_k", 0), d.get("seed", 0)))
+                                                                  d.get("top_k", 0), d.get("seed", 0)),
+                              stop_strings=tuple(d.get("stop_strings") or ()))
 
 
 def event_dict(event) -> dict:
@@ -133,49 +132,39 @@ def stream_run(engine_key: str, prompt: str, specs: list[dict], settings: dict) 
 
 def stream_bench(engine_key: str, questions: list[dict], specs: list[dict], settings: dict,
                  warmup: int = 1) -> Iterator[dict]:
-    """Run the benchmark loop of ``python -m playground.bench``; yield plain dicts.
+    """Run a benchmark through the benchmark's runner (``playground.bench.prepare``); yield plain dicts.
 
     Args:
         engine_key: see :func:`register`.
-        questions: ``[{"question_id", "category", "turns": [str, ...]}, ...]``.
-        specs: methods (the baseline first; see ``bench.parse_methods``).
+        questions: ``[{"question_id", "category", "turns": [str, ...]}, ...]`` (``bench.question_dict``).
+        specs: methods, the baseline first (see ``bench.order_methods``).
         settings: see :func:`settings_dict`.
         warmup: untimed warm-up rounds of every method (as the CLI's ``--warmup``).
 
     Yields:
-        ``{"type": "record", "record": dict}`` per run (the CLI's record, same fields),
-        ``{"type": "skip", "message": str, "runs": int}`` for skipped turns, or one
-        ``{"type": "warning", "message": str}`` on bad input. Closing the generator stops after
-        the current run.
+        ``{"type": "start", "runs": int}`` once every run check passed, then
+        ``{"type": "record", "record": dict}`` per run (the CLI's record, same fields) and
+        ``{"type": "skip", "message": str, "runs": int}`` for skipped turns; or one
+        ``{"type": "warning", "message": str}`` instead when a check fails (bad setting, a method
+        the loaded models cannot run, no question fitting the context). Closing the generator
+        stops after the current run.
     """
-    import torch
-
     from playground import bench
 
     engine = engine_for(engine_key)
     try:
-        method_specs = _specs(specs)
-        gen = _settings(settings)
-        qs = [bench.Question(q["question_id"], q["category"], tuple(q["turns"])) for q in questions]
-        for s in method_specs:
-            s.checked_params()
-            reason = engine.unavailable_reason(s.name)
-            if reason:
-                raise ValueError(f"{s.name} cannot run: {reason}")
-        bench.warm_up(engine, method_specs, gen, warmup)
-    except ValueError as e:
+        run = bench.prepare(engine, [bench.question_from_dict(q) for q in questions], _specs(specs),
+                            _settings(settings))
+        yield {"type": "start", "runs": run.total_runs}
+        run.warm_up(warmup)
+    except (bench.BenchError, ValueError) as e:
         yield {"type": "warning", "message": str(e)}
         return
-    target = engine.target
-    extra = {"temperature": gen.sampling.temperature, "dtype": str(target.dtype).removeprefix("torch."),
-             "target": target.name}
-    with torch.inference_mode():
-        runners = [bench.engine_runner(engine, s, gen) for s in method_specs]
-        for kind, item, runs in bench.iter_benchmark(engine, qs, runners, gen.max_new_tokens, extra):
-            if kind == "skip":
-                yield {"type": "skip", "message": item, "runs": runs}
-            else:
-                yield {"type": "record", "record": item}
+    for kind, item, runs in run.iter():
+        if kind == "skip":
+            yield {"type": "skip", "message": item, "runs": runs}
+        else:
+            yield {"type": "record", "record": item}
 
 
 def measure(engine_key: str, sizes: list[int]) -> dict:
@@ -184,13 +173,9 @@ def measure(engine_key: str, sizes: list[int]) -> dict:
     Returns:
         ``VerifyCost.as_dict()``: ``{"table": {n: relative cost}, "seconds": {n: s}, "source": str}``.
     """
-    from playground.engine.theory import measure_verify_cost
-
     engine = engine_for(engine_key)
-    with engine.lock:
-        target = engine.target
-        cost = measure_verify_cost(engine.target_lm, sizes)
-    return {**cost.as_dict(), "source": cost.source.replace(type(engine.target_lm.model).__name__, target.name)}
+    cost = engine.verify_cost(sizes)
+    return cost.as_dict()
 
 
 # ----- ZeroGPU ----------------------------------------------------------------------------------

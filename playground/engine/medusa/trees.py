@@ -1,8 +1,8 @@
-"""Medusa tree presets, and choosing a tree for this device from measured costs and head accuracies.
+"""Medusa trees: parsing ``tree_choices`` into tree buffers, presets, and choosing a tree for this device from measured costs and head accuracies.
 
 A bigger tree offers more chances that some path is accepted, but verifying it costs more,
 and on a CPU the cost of a forward pass grows with its query count much sooner than on a GPU
-(notes.md: 8 tokens ~ 1.3x one token, 64 tokens ~ 3x here). So the best tree depends on the
+(measured on a 2-vCPU CPU: 8 tokens ~ 1.3x one token, 64 tokens ~ 3x). So the best tree depends on the
 device. :func:`choose_tree` follows Medusa's own tree construction (Cai et al. 2024, section
 2.3.3) and Sequoia's reasoning (Chen et al. 2024, "Sequoia: Scalable, Robust, and
 Hardware-aware Speculative Decoding"): with ``rank_probs[h][i]`` the probability that head h's
@@ -16,18 +16,162 @@ with that tree measured on this device, relative to a plain decoding step.
 from __future__ import annotations
 
 import heapq
-import statistics
-import time
+import json
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from .limits import MAX_MEDUSA_TREE_NODES, MEDUSA_TOP_K, ChoiceKnob
-from .target import CausalLM
-from .theory import VerifyCost
-from .tree import parse_tree_choices
+from ..limits import MAX_MEDUSA_TREE_NODES, MEDUSA_TOP_K, ChoiceKnob
+from ..tree import tree_mask_bool
 
+# ----- tree_choices -> tree buffers ----------------------------------------------------------
+
+class TreeChoicesError(ValueError):
+    """A Medusa tree (``tree_choices``) is malformed; the message says what and where."""
+
+
+def parse_tree_choices(value, num_heads: int | None = None, top_k: int | None = None,
+                       max_nodes: int | None = None) -> list[tuple[int, ...]]:
+    """Check Medusa ``tree_choices`` and return them sorted by depth, then index path.
+
+    A tree is a list of index paths (Cai et al. 2024, Medusa, section 2.1.2; the reference
+    implementation's ``medusa_choices``): path ``[i_1, ..., i_d]`` is the node at depth ``d``
+    whose token is head ``d``'s ``i_d``-th most likely token, below the node ``[i_1 .. i_{d-1}]``.
+    Example (the seed's depth-3 tree): ``[[0], [0, 0], [0, 1], [0, 0, 0]]``.
+
+    Args:
+        value: the paths, or their JSON text.
+        num_heads: when given, no path may be deeper than this (depth d is read from head d).
+        top_k: bound on every index (default :data:`~playground.engine.limits.MEDUSA_TOP_K`).
+        max_nodes: bound on the number of paths (default ``MAX_MEDUSA_TREE_NODES``).
+
+    Returns:
+        The paths as tuples, sorted by (depth, path), so that parents come before children.
+
+    Raises:
+        TreeChoicesError: malformed JSON, not a list of lists of integers, an empty tree, a
+            negative index, an index >= top_k, a path deeper than ``num_heads``, a duplicate
+            path, a path whose parent path is missing, or more than ``max_nodes`` paths.
+    """
+    from ..limits import MAX_MEDUSA_TREE_NODES, MEDUSA_TOP_K
+
+    top_k = MEDUSA_TOP_K if top_k is None else top_k
+    max_nodes = MAX_MEDUSA_TREE_NODES if max_nodes is None else max_nodes
+    # 1. JSON text -> Python.
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise TreeChoicesError(f"the tree is not valid JSON: {e.msg} at line {e.lineno}, "
+                                   f"column {e.colno}") from None
+    # 2. Shape: a non-empty list of non-empty lists of integers.
+    if not isinstance(value, (list, tuple)):
+        raise TreeChoicesError(f"a tree must be a list of paths such as [[0], [0, 0], [1]], "
+                               f"got {type(value).__name__}")
+    if not value:
+        raise TreeChoicesError("the tree is empty: give at least one path, e.g. [[0]]")
+    if len(value) > max_nodes:
+        raise TreeChoicesError(f"the tree has {len(value)} paths; at most {max_nodes} are allowed")
+    paths: list[tuple[int, ...]] = []
+    for n, path in enumerate(value):
+        if not isinstance(path, (list, tuple)) or not path or \
+                not all(isinstance(i, int) and not isinstance(i, bool) for i in path):
+            shown = json.dumps(path) if _jsonable(path) else repr(path)
+            raise TreeChoicesError(f"path {n} ({shown}) must be a non-empty list of integers")
+        # 3. Bounds: indices in [0, top_k), depth <= num_heads.
+        if min(path) < 0:
+            raise TreeChoicesError(f"path {list(path)} has a negative index; indices count from 0 "
+                                   "(0 = the head's most likely token)")
+        if max(path) >= top_k:
+            raise TreeChoicesError(f"path {list(path)} has index {max(path)}, beyond the heads' top-{top_k}: "
+                                   f"indices must be in [0, {top_k - 1}]")
+        if num_heads is not None and len(path) > num_heads:
+            raise TreeChoicesError(f"path {list(path)} has depth {len(path)}, beyond the {num_heads} Medusa "
+                                   f"heads loaded: depth must be in [1, {num_heads}]")
+        paths.append(tuple(path))
+    # 4. No duplicates, and every parent path present.
+    seen: set[tuple[int, ...]] = set()
+    for path in paths:
+        if path in seen:
+            raise TreeChoicesError(f"path {list(path)} appears twice in the tree")
+        seen.add(path)
+    for path in paths:
+        if len(path) > 1 and path[:-1] not in seen:
+            raise TreeChoicesError(f"path {list(path)} has no parent: add {list(path[:-1])} "
+                                   "(every prefix of a path must be in the tree)")
+    return sorted(paths, key=lambda p: (len(p), p))
+
+
+def _jsonable(x) -> bool:
+    try:
+        json.dumps(x)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+@dataclass
+class TreeBuffers:
+    """What a Medusa tree needs at every step (built once per tree, as the reference does).
+
+    Nodes are the sorted paths of :func:`parse_tree_choices`; node i has path ``choices[i]``.
+
+    Attributes:
+        choices: ``num_nodes`` index paths, sorted by (depth, path).
+        parents: ``(num_nodes,)`` int64 parent node index (-1 = child of the root).
+        depths: ``(num_nodes,)`` int64, 1 for children of the root; node i's token comes from
+            head ``depths[i]`` (1-based) and sits at position ``prefix length + depths[i]``.
+        ranks: ``(num_nodes,)`` int64: node i's token is that head's ``ranks[i]``-th best.
+        mask: ``(num_nodes + 1, num_nodes + 1)`` bool tree attention over [root, nodes]
+            (:func:`tree_mask_bool`): a query sees itself and its ancestors.
+        position_offsets: ``(num_nodes + 1,)`` int64: 0 for the root, then ``depths``;
+            position ids are ``prefix length + position_offsets``.
+        paths: root-to-leaf node index lists (one per leaf), the candidate sequences the
+            reference reads back (``retrieve_indices``).
+    """
+
+    choices: list[tuple[int, ...]]
+    parents: torch.Tensor
+    depths: torch.Tensor
+    ranks: torch.Tensor
+    mask: torch.Tensor
+    position_offsets: torch.Tensor
+    paths: list[list[int]]
+
+    def __len__(self) -> int:
+        return len(self.choices)
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depths.max()) if len(self) else 0
+
+    def nodes_within(self, depth: int) -> int:
+        """Number of nodes at depth <= ``depth``: a prefix of the node order (nodes are sorted by depth)."""
+        return int((self.depths <= depth).sum())
+
+
+def tree_buffers(choices) -> TreeBuffers:
+    """Build :class:`TreeBuffers` from ``tree_choices`` (checked with :func:`parse_tree_choices`).
+
+    Steps (as the reference's ``generate_medusa_buffers``): 1. sort the paths by depth so that
+    parents come first; 2. each node's parent is the node of its path minus the last index;
+    3. the attention mask lets each node see its ancestors; 4. positions are prefix length +
+    depth; 5. the leaf paths are the candidate sequences.
+    """
+    paths = parse_tree_choices(choices)
+    index = {p: i for i, p in enumerate(paths)}
+    parents = torch.tensor([index[p[:-1]] if len(p) > 1 else -1 for p in paths], dtype=torch.long)
+    depths = torch.tensor([len(p) for p in paths], dtype=torch.long)
+    ranks = torch.tensor([p[-1] for p in paths], dtype=torch.long)
+    has_child = {p[:-1] for p in paths if len(p) > 1}
+    leaves = [p for p in paths if p not in has_child]
+    leaf_paths = [[index[leaf[:d]] for d in range(1, len(leaf) + 1)] for leaf in leaves]
+    return TreeBuffers(paths, parents, depths, ranks, tree_mask_bool(parents),
+                       torch.cat([torch.zeros(1, dtype=torch.long), depths]), leaf_paths)
+
+
+# ----- presets and the per-device tree --------------------------------------------------------
 MC_SIM_7B_63 = [
     [0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0], [0, 5],
     [0, 0, 1], [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8], [0, 0, 2], [3, 0], [0, 9], [8], [9],
@@ -194,141 +338,3 @@ def choose_tree(rank_probs: list[list[float]], cost: Callable[[int], float], max
 
 
 # ----- measuring this device ---------------------------------------------------------------------
-STEP_COST_NODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-"""Tree sizes (nodes) whose decoding step is timed by :func:`measure_step_cost` (interpolated in between)."""
-
-
-@torch.inference_mode()
-def measure_head_accuracy(target: CausalLM, heads, prompt_ids: list[int], new_tokens: int = 48,
-                          top_k: int = MEDUSA_TOP_K) -> list[list[float]]:
-    """Top-1..top-k accuracy of each head on the target's own greedy continuation of a prompt.
-
-    Steps: 1. greedy-decode ``new_tokens`` tokens, keeping the last hidden state of every
-    position; 2. at each position t of the continuation, head k (0-based) is right at rank r when
-    its r-th token is the token at t + k + 2; 3. cumulative accuracies per head.
-
-    Returns:
-        ``(num_heads, top_k)`` cumulative accuracies (row h, column i: top-(i+1) accuracy).
-    """
-    cache = target.new_cache()
-    logits, hidden = target.forward(cache, torch.tensor(prompt_ids, dtype=torch.long), return_hidden=True)
-    tokens, states = list(prompt_ids), [hidden[-1]]
-    for _ in range(new_tokens):
-        tokens.append(int(logits[-1].argmax()))
-        logits, hidden = target.forward(cache, torch.tensor(tokens[-1:]), return_hidden=True)
-        states.append(hidden[-1])
-    start = len(prompt_ids) - 1  # states[i] is the hidden state at position start + i
-    top = torch.topk(heads(torch.stack(states))[..., :target.vocab_size], top_k, dim=-1).indices.cpu()
-    counts = [[0] * top_k for _ in range(heads.num_heads)]
-    totals = [0] * heads.num_heads
-    for i in range(len(states)):
-        for k in range(heads.num_heads):
-            pos = start + i + k + 2
-            if pos >= len(tokens):
-                break
-            totals[k] += 1
-            hit = (top[i, k] == tokens[pos]).nonzero()
-            if len(hit):
-                for r in range(int(hit[0, 0]), top_k):
-                    counts[k][r] += 1
-    return [[c / t if t else 0.0 for c in row] for row, t in zip(counts, totals)]
-
-
-@torch.inference_mode()
-def measure_step_cost(target: CausalLM, heads, paths: list[list[int]], prompt_ids: list[int],
-                      nodes: tuple[int, ...] = STEP_COST_NODES, rounds: int = 10,
-                      useful_below: float | None = None) -> VerifyCost:
-    """Time real Medusa decoding steps with the first n of ``paths`` as the tree, for each n in
-    ``nodes``, against plain decoding steps; the relative costs, keyed by query count n + 1.
-
-    A whole step is timed, as the benchmark times it: the heads, the tree-masked forward pass,
-    verification and the cache commit. Timing the forward pass alone, with nothing between
-    passes, underestimated a tree step on a 2-vCPU CPU (bfloat16, 7 nodes: 1.1x one token alone,
-    1.28x as a decoding step), and the planner then chose trees that lost to smaller ones.
-
-    Steps: 1. start one greedy decode of ``prompt_ids`` per tree size, plus one plain decode;
-    2. for ``rounds`` rounds step each of them once in turn (round-robin, so that drift in the
-    machine's speed hits all alike; the first two steps are not timed); 3. cost(n + 1) = median
-    step time with n nodes / median plain step time.
-
-    Args:
-        target: the target (the heads attached to its output layer).
-        heads: the :class:`~playground.engine.medusa.MedusaHeads`.
-        paths: candidate paths in growth order (:func:`greedy_tree`); each prefix is a valid tree.
-        prompt_ids: ``(prompt_len,)`` a chat prompt to decode from.
-        nodes: tree sizes to time (those beyond ``len(paths)`` are skipped).
-        rounds: timed steps per size (the median is kept).
-        useful_below: when given, a size whose cost after three timed rounds exceeds it (no tree
-            can then pay off: e.g. the expected tokens per step of the biggest tree) is timed no
-            more, nor is any bigger size; they keep that estimate.
-
-    Returns:
-        :class:`~playground.engine.theory.VerifyCost` with ``table`` q -> relative cost (q = 1:
-        plain decoding) and ``seconds`` q -> median seconds per step.
-
-    Raises:
-        ValueError: an empty prompt or ``rounds`` below 1.
-    """
-    from .autoregressive import AutoregressiveDrafter
-    from .decoding import GenerationSettings, decode
-    from .medusa import MedusaDrafter
-
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
-    sizes = [0] + sorted({n for n in nodes if 1 <= n <= len(paths)})
-    settings = GenerationSettings(max_new_tokens=(rounds + 3) * (1 + heads.num_heads))
-    runs = {}
-    for n in sizes:
-        drafter = (AutoregressiveDrafter() if n == 0 else
-                   MedusaDrafter(heads, sorted(paths[:n], key=lambda p: (len(p), p))))
-        runs[n] = decode(target, drafter, prompt_ids, settings)  # no EOS: every run lasts
-    times: dict[int, list[float]] = {n: [] for n in sizes}
-    active = list(sizes)
-    for r in range(rounds + 2):
-        for n in active:
-            event = next(runs[n], None)
-            if event is not None and event.step > 1 and not event.finished:
-                times[n].append(event.seconds)
-        if useful_below is not None and r == 4:  # three timed steps each: drop hopeless sizes
-            base = statistics.median(times[0])
-            hopeless = [n for n in active if n and statistics.median(times[n]) / base > useful_below]
-            if hopeless:
-                active = [n for n in active if n < min(hopeless)]
-    seconds = {n + 1: statistics.median(t) for n, t in times.items() if t}
-    return VerifyCost({q: s / seconds[1] for q, s in seconds.items()}, seconds,
-                      source="decoding steps with each tree size, relative to plain decoding steps")
-
-
-def auto_tree(target: CausalLM, heads, calibration_ids: list[int], max_nodes: int = MAX_MEDUSA_TREE_NODES,
-              rounds: int = 10) -> tuple[TreeChoice, dict]:
-    """Choose a tree for this device: the heads' accuracy (from their ``config.json`` when training
-    recorded it, else measured on ``calibration_ids``) and the measured cost of decoding steps
-    with the candidate trees (:func:`measure_step_cost`, on ``calibration_ids``; the heads' own
-    time is inside those steps).
-
-    Returns:
-        The :class:`TreeChoice` and a dict of what was measured (``seconds`` per query count,
-        ``cost`` per query count, ``accuracy``, ``accuracy_source``, ``measure_s``).
-
-    Raises:
-        ValueError: an empty calibration prompt.
-    """
-    if not calibration_ids:
-        raise ValueError("auto tree: a calibration prompt is needed to time decoding steps")
-    t0 = time.perf_counter()
-    if heads.top_k_accuracy is not None:
-        accuracy, source = heads.top_k_accuracy, "recorded at training on a held-out split"
-    else:
-        accuracy, source = measure_head_accuracy(target, heads, calibration_ids), "measured on a calibration prompt"
-    rank_probs = rank_probs_from_accuracy(accuracy)
-    grown = greedy_tree(rank_probs, max_nodes)
-    paths = [path for path, _ in grown]
-    # A step over more nodes never costs less: noise must not make a bigger tree look cheaper.
-    cost = measure_step_cost(target, heads, paths, calibration_ids, rounds=rounds,
-                             useful_below=1 + sum(p for _, p in grown)).monotone()
-    choice = choose_tree(rank_probs, cost, max_nodes)
-    if not choice.choices:  # plain decoding wins: still propose the top-1 chain's first node
-        choice.choices, choice.fallback = [[0]], True
-    info = {"seconds": dict(cost.seconds), "cost": dict(cost.table), "accuracy": accuracy,
-            "accuracy_source": source, "measure_s": time.perf_counter() - t0}
-    return choice, info

@@ -1,4 +1,4 @@
-"""Medusa: extra decoding heads on the target's last hidden state propose a tree of candidates.
+"""Medusa heads and their checkpoints: extra decoding heads on the target's last hidden state propose a tree of candidates.
 
 Source: Cai, Li, Geng, Peng, Lee, Chen, Dao 2024, "Medusa: Simple LLM Inference Acceleration
 Framework with Multiple Decoding Heads" (ICML), and its reference implementation
@@ -32,19 +32,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .draft_model import DraftModelDrafter, _fit_vocab
-from .drafter import DecodeState, Drafter
-from .limits import K_KNOB, MAX_MEDUSA_HEADS, POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB
-from .models import ModelLoadError, shipped_asset_spec
-from .sampling import logits_to_probs
-from .target import CausalLM
-from .tree import Candidates, TreeBuffers, parse_tree_choices, tree_buffers
-from .verify import TypicalAcceptance
+from ..limits import MAX_MEDUSA_HEADS
+from ..models import ModelLoadError, probe_hub, shipped_asset_spec
 
 CONFIG_NAME = "config.json"
 WEIGHTS_SAFETENSORS = "medusa_lm_head.safetensors"
 WEIGHTS_PT = "medusa_lm_head.pt"
-DEFAULT_HEADS_DIR = Path(__file__).resolve().parents[2] / "assets" / "medusa" / "default"
+DEFAULT_HEADS_DIR = Path(__file__).resolve().parents[3] / "assets" / "medusa" / "default"
 """Where the heads trained for the embedded default target live (loaded automatically when present)."""
 HEAD_LOSS_DECAY = 0.8
 """Head k's loss weight is HEAD_LOSS_DECAY ** k (Medusa-1 training, Cai et al. 2024, section 2.2)."""
@@ -85,7 +79,7 @@ class MedusaHeads(nn.Module):
             (attach it with :meth:`attach_lm_head`); keeps a checkpoint to a few MB.
         base_model_name_or_path: recorded in ``config.json``.
         top_k_accuracy: optional ``(num_heads, <= MEDUSA_TOP_K)`` held-out top-1..top-k accuracy
-            per head, used to choose a tree (:mod:`playground.engine.medusa_trees`).
+            per head, used to choose a tree (:mod:`playground.engine.medusa.trees`).
         proposal_vocab: optional sorted token ids the heads propose from (shared-``lm_head`` heads
             only; our extension, saved in ``config.json``). The heads then project onto those
             rows of the base ``lm_head`` only and every other token gets logit -inf: a head costs
@@ -346,8 +340,6 @@ def _download(repo_id: str) -> Path:
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
-    from .models import _probe_hub
-
     try:
         validate_repo_id(repo_id)
     except HFValidationError as e:
@@ -375,7 +367,7 @@ def _download(repo_id: str) -> Path:
     except Exception:
         pass
     try:
-        _probe_hub(repo_id)
+        probe_hub(repo_id)
     except ModelLoadError as e:
         raise MedusaLoadError(str(e).replace("could not load model", "could not load Medusa heads")) from None
     try:
@@ -423,141 +415,3 @@ def heads_spec(target_spec: str, medusa_spec: str | None = None) -> str | None:
     """The heads to load: ``medusa_spec`` when given (``"none"`` for none); otherwise the shipped
     heads (``assets/medusa/default``) for the embedded default target (``models.shipped_asset_spec``)."""
     return shipped_asset_spec(DEFAULT_HEADS_DIR, target_spec, medusa_spec, CONFIG_NAME)
-
-
-# ----- drafters ----------------------------------------------------------------------------------
-class MedusaDrafter(Drafter):
-    """Medusa-1 decoding: the heads' top-k tokens on the target's last hidden state fill a tree.
-
-    Args:
-        heads: Medusa heads attached to the target's ``lm_head`` (on the target's device).
-        tree_choices: index paths (see :func:`~playground.engine.tree.parse_tree_choices`); paths
-            deeper than the number of heads are an error.
-        acceptance: ``"exact"`` (greedy: argmax match, lossless; sampling: the one-hot
-            speculative rule, exact in distribution) or ``"typical"`` (typical acceptance).
-        posterior_threshold, posterior_alpha: typical acceptance's knobs.
-
-    Raises:
-        ValueError: a malformed tree or a knob out of range.
-    """
-
-    name = "medusa"
-    source = "medusa_head_1"
-    needs_hidden = True
-
-    def __init__(self, heads: MedusaHeads, tree_choices, acceptance: str = "exact",
-                 posterior_threshold: float = POSTERIOR_THRESHOLD_KNOB.default,
-                 posterior_alpha: float = POSTERIOR_ALPHA_KNOB.default):
-        if acceptance not in ("exact", "typical"):
-            raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
-        self.heads = heads
-        self.buffers: TreeBuffers = tree_buffers(parse_tree_choices(tree_choices, num_heads=heads.num_heads))
-        self.top_k = int(self.buffers.ranks.max()) + 1
-        self.typical = TypicalAcceptance(POSTERIOR_THRESHOLD_KNOB.check(posterior_threshold),
-                                         POSTERIOR_ALPHA_KNOB.check(posterior_alpha)) if acceptance == "typical" else None
-        self.sources = [head_source(int(d)) for d in self.buffers.depths]
-        # Acceptance estimate per tree node: the heads' recorded rank accuracy (else a guess), then
-        # this run's verdicts at that node (the budget prunes the tree per step with it).
-        from .budget import AcceptanceEstimator
-        from .medusa_trees import rank_probs_from_accuracy
-        acc = getattr(heads, "top_k_accuracy", None)
-        ranks = rank_probs_from_accuracy(acc) if acc else None
-        self.priors = [ranks[d - 1][r] if ranks and d - 1 < len(ranks) else 0.3 / (r + 1) * 0.8 ** (d - 1)
-                       for d, r in zip(self.buffers.depths.tolist(), self.buffers.ranks.tolist())]
-        self.estimator = AcceptanceEstimator()
-
-    @torch.inference_mode()
-    def propose(self, state: DecodeState) -> Candidates:
-        # 1. Only the part of the tree that fits the budget (nodes are sorted by depth: a prefix).
-        n = self.buffers.nodes_within(state.budget)
-        if n == 0:
-            return Candidates.empty(state.device)
-        if state.hidden is None or state.hidden.shape != (self.heads.hidden_size,):
-            raise ValueError(f"MedusaDrafter needs the target's last hidden state of shape "
-                             f"({self.heads.hidden_size},), got "
-                             f"{None if state.hidden is None else tuple(state.hidden.shape)}")
-        # 2. The top-k tokens of every head the tree reaches, from the hidden state at the root's parent.
-        depth = int(self.buffers.depths[n - 1])
-        top = self.heads.top_tokens(state.hidden, depth, self.top_k, state.vocab_size).cpu()  # (depth, top_k)
-        # 3. Node i's token: head depths[i]'s ranks[i]-th token.
-        depths, ranks = self.buffers.depths[:n], self.buffers.ranks[:n]
-        tokens = top[depths - 1, ranks]
-        cand = Candidates(tokens.to(state.device), self.buffers.parents[:n].to(state.device), self.sources[:n])
-        cand.accept_probs = self.estimator.estimate(cand, list(range(n)), self.priors[:n])
-        return cand
-
-    def update(self, result) -> None:
-        self.estimator.observe(result)
-
-
-class MedusaDraftDrafter(DraftModelDrafter):
-    """Medusa as a draft (the seed's idea): a small draft model with Medusa heads proposes its own
-    next token plus its heads' tokens, a chain of ``min(k, 1 + num_heads)`` from **one** draft
-    forward pass, for a larger target with the same tokenizer.
-
-    Args:
-        draft: the draft model wrapper; heads: Medusa heads trained on (and attached to) it.
-        k: most tokens per step, in ``[1, MAX_SPECULATIVE_TOKENS]``.
-        token_map: the draft's :class:`~playground.engine.draft_model.TokenMap` when it has a
-            reduced vocabulary (its heads then predict draft ids too); None: same ids.
-
-    The draft's own token is its argmax (greedy) or a sample from its distribution q; the heads'
-    tokens are their argmax (deterministic: q one-hot), so speculative sampling stays exact.
-    """
-
-    name = "draft_model"
-
-    def __init__(self, draft: CausalLM, heads: MedusaHeads, k: int = K_KNOB.default, token_map=None):
-        super().__init__(draft, k, token_map=token_map)
-        self.heads = heads
-
-    @torch.inference_mode()
-    def propose(self, state: DecodeState) -> Candidates:
-        k = min(self.k, 1 + self.heads.num_heads, state.budget)
-        if k <= 0:
-            return Candidates.empty(state.device)
-        # 1. One draft forward over the tokens it has not seen yet.
-        pending = self._sync_cache(state.tokens)
-        feed = torch.tensor(pending, dtype=torch.long)
-        logits, hidden = self.draft.forward(self.cache, feed if self.token_map is None else self.token_map.draft_ids(feed),
-                                            return_hidden=True, last_only=True)
-        self.fed.extend(pending)
-        logits, hidden = logits[-1], hidden[-1]
-        head_logits = self.heads(hidden, k - 1) if k > 1 else None  # (k - 1, draft vocab)
-        if self.token_map is not None:
-            logits = self.token_map.target_logits(logits)
-            head_logits = self.token_map.target_logits(head_logits) if head_logits is not None else None
-        # 2. The draft's next token: argmax, or a sample from q.
-        q = None
-        if state.sampling.greedy:
-            first = int(logits[:state.vocab_size].argmax())
-        else:
-            q = _fit_vocab(logits_to_probs(logits, state.sampling), state.vocab_size).to(state.device)
-            first = int(torch.multinomial(q, 1, generator=state.generator).item())
-        # 3. The heads' argmax tokens for the positions after it (q one-hot: deterministic).
-        rest = head_logits[:, :state.vocab_size].argmax(-1).tolist() if head_logits is not None else []
-        draft_probs = None
-        if q is not None:  # (1 + len(rest), vocab_size): q, then one-hot rows for the heads' tokens
-            one_hot = nn.functional.one_hot(torch.tensor(rest, dtype=torch.long, device=state.device), state.vocab_size)
-            draft_probs = torch.cat([q[None], one_hot.to(q.dtype)])
-        return Candidates.chain([first] + rest, self.source, draft_probs, device=state.device)
-
-
-# ----- statistics --------------------------------------------------------------------------------
-def head_acceptance(stats: dict) -> list[dict]:
-    """Per-head acceptance of a Medusa run from its statistics (``RunStats.as_dict()``).
-
-    Depth d of the tree is head d, so the per-position counts are per-head counts.
-
-    Returns:
-        One dict per head ``k`` (1-based): ``rate`` = fraction of steps in which a token of head k
-        was accepted (among steps that proposed that depth); ``conditional`` = the same among
-        steps in which head k - 1's token was accepted (head 1: same as ``rate``).
-    """
-    rates = list(stats.get("per_position_acceptance") or [])
-    out = []
-    for i, rate in enumerate(rates):
-        prev = 1.0 if i == 0 else rates[i - 1]
-        out.append({"head": i + 1, "rate": rate, "conditional": rate / prev if prev > 0 else 0.0})
-    return out
-

@@ -1,10 +1,22 @@
-"""Benchmark records to and from JSONL and CSV (the page's downloads; the CLI writes the same JSONL).
+"""Benchmark records: one JSON object per (question, turn, method), to and from JSONL and CSV.
 
-JSONL is exactly what ``python -m playground.bench --out`` writes (:func:`playground.bench.record_line`
-per record). CSV holds the same records one row each, columns in order of first appearance; text
-fields (:data:`TEXT_FIELDS`) are written as they are, every other value as JSON (numbers as
-numbers, ``null`` for None, lists such as ``output_ids`` and dicts such as ``params`` as JSON text),
-so :func:`from_csv` gives back equal records.
+JSONL is what ``python -m playground.bench --out`` writes (:func:`record_line` per record) and
+what the page's download holds. CSV holds the same records one row each, columns in order of
+first appearance; text fields (:data:`TEXT_FIELDS`) are written as they are, every other value
+as JSON (numbers as numbers, ``null`` for None, lists such as ``output_ids`` and dicts such as
+``params`` as JSON text), so :func:`from_csv` gives back equal records.
+
+Fields
+    The contract fields (:data:`CONTRACT_FIELDS`) ``question_id, category, turn, method, params,
+    new_tokens, steps, wall_s, ttft_s, tokens_per_s, mean_accepted_tokens, acceptance_rate,
+    output_ids, output_text`` plus ``proposed, accepted, finish_reason, prompt_tokens,
+    temperature, dtype, target, margins`` (the target's top-1 minus top-2 logit at each output
+    token, used to tell a numerical near-tie from a real mismatch) and, with stop strings,
+    ``stop_strings``. ``turn`` is 0-based. ``acceptance_rate`` is null when the method proposed
+    nothing. ``output_ids`` are the engine's new ids: when the model stopped (``finish_reason``
+    "eos") the last one is the EOS id, counted in ``new_tokens``, as transformers' ``generate()``
+    does; ``output_text`` holds no special tokens. ``wall_s`` is the method's own time including
+    the prefill (``ttft_s``).
 """
 
 from __future__ import annotations
@@ -12,12 +24,25 @@ from __future__ import annotations
 import csv
 import io
 import json
+from pathlib import Path
 from typing import Iterable, Iterator
 
-from playground.bench import record_line
-
+CONTRACT_FIELDS = ("question_id", "category", "turn", "method", "params", "new_tokens", "steps", "wall_s",
+                   "ttft_s", "tokens_per_s", "mean_accepted_tokens", "acceptance_rate", "output_ids",
+                   "output_text")
+"""The fields every record holds (the benchmark's contract with the tools that read its files)."""
 TEXT_FIELDS = ("category", "method", "output_text", "finish_reason", "dtype", "target")
 """Fields written to CSV as plain text (all others are JSON-encoded)."""
+
+
+def record_line(rec: dict) -> str:
+    """One record as the results file holds it: a JSON object and a newline."""
+    return json.dumps(rec, ensure_ascii=False) + "\n"
+
+
+def missing_fields(rec: dict) -> list[str]:
+    """The :data:`CONTRACT_FIELDS` that ``rec`` lacks (empty for a complete record)."""
+    return [f for f in CONTRACT_FIELDS if f not in rec]
 
 
 def to_jsonl(records: Iterable[dict]) -> str:
@@ -51,6 +76,19 @@ def from_jsonl(text: str) -> list[dict]:
             raise ValueError(f"line {n}: expected a JSON object, got {type(rec).__name__}")
         out.append(rec)
     return out
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """The records of a results file (JSONL, as ``--out`` writes it).
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: a line that is not a JSON object (names the file and the line number).
+    """
+    try:
+        return from_jsonl(Path(path).read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def to_csv(records: list[dict]) -> str:

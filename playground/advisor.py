@@ -1,0 +1,469 @@
+"""The method advisor: which method and settings suit a situation, and why.
+
+The advisor (:func:`advise`) turns a :class:`Situation` into an :class:`Advice`: the methods to
+tick, their knob values and the reasons. Its rules are data (:data:`RULES`): each rule has an
+id, the guidance it encodes and where the guidance comes from; every reason the advisor gives
+names the rule it follows. Where the project's own measurements disagree with a rule, the advice
+says so in ``measured_notes``, naming the machine. Those figures are read from
+``assets/measurements.json`` (:mod:`playground.measure`, which reruns them), never written here:
+per-method Spec-Bench speedups by CPU instruction set, and the verify cost (this device's when
+the Theory tab has measured it, else the file's, ``theory.FALLBACK``).
+
+On a CPU, K follows from the verify cost with the Theory tab's formula (``theory.optimal_k``), so
+the advisor and the page agree. Knobs that do nothing in the mode advised (Medusa's posterior
+threshold and alpha under exact acceptance) are not listed.
+
+This module imports no UI code and loads no model at import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from playground.engine import K_PRESETS, LOOKAHEAD_PRESETS, MAX_SPECULATIVE_TOKENS, theory
+from playground.measure import load as load_measurements
+
+# ----- measured figures ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rule:
+    """One piece of guidance: ``id`` (named in reasons), the guidance, and its source."""
+
+    id: str
+    guidance: str
+    source: str
+
+
+def measured_speedups(data: dict | None = None) -> dict[str, dict[str, dict]]:
+    """CPU instruction set (``"avx2"``, ``"avx512"``) -> method -> its newest benchmark figures in the
+    measurements file (``speedup``, ``tau``, ``alpha``, ``params``, ``lossless``, plus the run's
+    ``machine`` label, ``questions``, ``command``, ``when``, ``dtype``, ``threads``)."""
+    data = load_measurements() if data is None else data
+    out: dict[str, dict[str, dict]] = {}
+    for run in data["benchmarks"]:  # newest first: the first figure of a method on an ISA wins
+        machine = data["machines"].get(run.get("machine"), {})
+        context = {k: run.get(k) for k in ("questions", "command", "when", "dtype", "threads")}
+        for method, fig in run.get("methods", {}).items():
+            out.setdefault(machine.get("isa"), {}).setdefault(
+                method, {**fig, **context, "machine": machine.get("label", run.get("machine"))})
+    return out
+
+
+def fallback_verify_record(data: dict | None = None) -> tuple[dict, str] | None:
+    """``(record, machine label)`` of the measurements file's newest CPU verify cost (``theory.FALLBACK``'s)."""
+    data = load_measurements() if data is None else data
+    for r in data["verify_cost"]:
+        if r.get("device", "cpu") == "cpu":
+            return r, data["machines"].get(r.get("machine"), {}).get("label", r.get("machine", "another machine"))
+    return None
+
+
+MEASURED = measured_speedups()
+"""The figures the advisor quotes, read once from ``assets/measurements.json``."""
+
+
+def _fig(isa: str | None, method: str) -> dict | None:
+    return MEASURED.get(isa, {}).get(method)
+
+
+def _describe(method: str, fig: dict) -> str:
+    """``"1.28x (K = 2, tau 1.42, alpha 0.215)"``: one measured figure with the settings it ran with."""
+    p = fig.get("params") or {}
+    knobs = []
+    if "k" in p:
+        knobs.append(f"K = {p['k']}")
+    if p.get("confidence"):
+        knobs.append(f"confidence {p['confidence']:g}")
+    if method == "lookahead" and "window" in p:
+        knobs.append(f"W, N, G = {p['window']}, {p['ngram_size']}, {p['guess_set_size']}")
+    knobs.append(f"tau {fig['tau']:.2f}")
+    if fig.get("alpha") is not None:
+        knobs.append(f"alpha {fig['alpha']:.3g}")
+    return f"{fig['speedup']:.2f}x ({', '.join(knobs)})"
+
+RULES: dict[str, Rule] = {r.id: r for r in (
+    Rule("no_draft_medusa", "A new deployment with no draft model: train Medusa heads on the target itself "
+         "(a few hours on one GPU) and verify their tree of guesses in one pass.",
+         "Cai et al. 2024 (Medusa)"),
+    Rule("same_family_draft", "A smaller model of the same family (same tokenizer) is available: use draft-model "
+         "speculative decoding.", "Leviathan et al. 2023; Chen et al. 2023"),
+    Rule("draft_size", "Pick a draft 5-10x smaller than the target: 70B -> 7B, 33B -> 7B, 13B -> 1B. A bigger "
+         "draft costs too much per token; a much smaller one is rarely accepted.",
+         "Leviathan et al. 2023 and Chen et al. 2023 (their pairings); project guidance for the exact ratios"),
+    Rule("target_too_small", "A target too small for a 5-10x smaller draft to exist or to pay off: use Medusa or "
+         "Lookahead instead of a draft model, unless a draft made for this target is loaded (rule loaded_draft).",
+         "project guidance"),
+    Rule("zero_training", "No training wanted and no draft: Lookahead decoding or prompt lookup; both are "
+         "lossless and need nothing but the target.", "Fu et al. 2024; Saxena 2023"),
+    Rule("copy_tasks", "Code editing, summarisation, RAG and extraction repeat text from the prompt: prompt lookup "
+         "copies it almost for free.", "Saxena 2023; Spec-Bench (Xia et al. 2024)"),
+    Rule("k_defaults", "K (tokens drafted per step): 2 conservative, 4 default, 8 aggressive; on a CPU at most the "
+         "K that the verify cost makes fastest (Theory tab); a loaded draft that carries its own measured K uses "
+         "that K.", "Leviathan et al. 2023 (optimal K); project guidance"),
+    Rule("loaded_draft", "A draft that shares the target's tokenizer is loaded here (the embedded default ships one "
+         "distilled for it): use draft-model speculative decoding with the draft's own K. It was measured on this "
+         "target, so the measurement beats the size rules and the appetite presets.",
+         "Leviathan et al. 2023; Chen et al. 2023; project measurements"),
+    Rule("loaded_medusa", "Medusa heads for the target are loaded: no training is needed; compare Medusa with the "
+         "draft on the Playground tab. Where the project measured both on a CPU like this one, the faster of the "
+         "two comes first.",
+         "Cai et al. 2024 (Medusa); project measurements"),
+    Rule("lookahead_size", "Lookahead window W and n-gram size N by model size: 7B (15, 5), 13B (10, 5), 33B and up "
+         "(7, 5), with guess set size G = W.", "Fu et al. 2024, their GPU settings"),
+    Rule("medusa_threshold", "Medusa's posterior threshold (epsilon) and alpha matter only with typical acceptance, "
+         "which keeps a head's token when the target gives it probability above min(epsilon, alpha * "
+         "exp(-entropy)). Higher = stricter (closer to the target's greedy output, fewer tokens accepted); lower = "
+         "more tokens per step but output drifts further from greedy. Medusa's defaults are epsilon 0.09, alpha "
+         "0.3. The advisor keeps exact acceptance (lossless), where they change nothing.",
+         "Cai et al. 2024, section 2.3.1"),
+)}
+"""The advisor's rules, by id."""
+
+DRAFT_RATIO_RANGE = (5.0, 10.0)
+"""A good draft is this many times smaller than the target (rule ``draft_size``)."""
+DRAFT_SIZE_EXAMPLES_B = {70.0: 7.0, 33.0: 7.0, 13.0: 1.0}
+"""Target size -> the draft size of the classic pairings, e.g. Llama-2-70B with Llama-2-7B (billions of parameters)."""
+MIN_TARGET_FOR_DRAFT_B = 3.0
+"""Below this target size (billions) the advisor prefers Medusa or Lookahead (rule ``target_too_small``):
+a 5x smaller draft would have under 0.6 B parameters, where fixed per-call overheads dominate."""
+COPY_TASKS = ("code", "summarization", "rag", "extraction")
+"""Task types where the answer repeats the prompt (rule ``copy_tasks``)."""
+TASKS = ("chat", "code", "summarization", "rag", "extraction", "translation", "math")
+APPETITES = tuple(K_PRESETS)
+ASSUMED_ALPHA = {"conservative": 0.6, "default": 0.7, "aggressive": 0.8}
+"""On a CPU without a measured draft, the acceptance rate each appetite bets on when K is capped by the
+verify cost (with draft cost :data:`ASSUMED_DRAFT_COST`)."""
+ASSUMED_DRAFT_COST = 0.05
+"""A same-family draft 5-10x smaller costs about this fraction of a target forward per drafted token."""
+
+
+def suggested_draft_size_b(target_b: float) -> float:
+    """The draft size the rule suggests for a target of ``target_b`` billion parameters.
+
+    The examples of rule ``draft_size`` where they apply (70 -> 7, 33 -> 7, 13 -> 1), else the target over 7.5
+    (the middle of the 5-10x range).
+
+    Raises:
+        ValueError: a size that is not positive.
+    """
+    if not target_b > 0:
+        raise ValueError(f"the target size must be > 0 billion parameters, got {target_b}")
+    for size, draft in DRAFT_SIZE_EXAMPLES_B.items():
+        if abs(target_b - size) / size < 0.1:
+            return draft
+    return round(target_b / 7.5, 2)
+
+
+def draft_ratio_ok(target_b: float, draft_b: float) -> bool:
+    """Whether the draft is 5-10x smaller than the target (rule ``draft_size``); 13B -> 1B also counts."""
+    if not (target_b > 0 and draft_b > 0):
+        return False
+    if any(abs(target_b - t) / t < 0.1 and abs(draft_b - d) / d < 0.2 for t, d in DRAFT_SIZE_EXAMPLES_B.items()):
+        return True
+    lo, hi = DRAFT_RATIO_RANGE
+    return lo <= target_b / draft_b <= hi
+
+
+def lookahead_settings(target_b: float, device: str = "gpu") -> dict[str, int]:
+    """Lookahead (W, N, G) for a model size (rule ``lookahead_size``), as knob values.
+
+    GPU: 7B and below (15, 5, 15), 13B (10, 5, 10), 33B and up (7, 5, 7). CPU: the small
+    ``LOOKAHEAD_PRESETS["cpu"]`` setting (every extra query costs compute on a CPU).
+    """
+    if device == "cpu":
+        return dict(LOOKAHEAD_PRESETS["cpu"])
+    key = "33b" if target_b >= 30 else "13b" if target_b >= 10 else "7b"
+    return dict(LOOKAHEAD_PRESETS[key])
+
+
+MAX_TARGET_B = 10_000.0
+"""The largest target size (billions of parameters) the advisor accepts; sizes must also be > 0."""
+CPU_ISAS = ("avx512", "avx2")
+"""CPU instruction sets the project's measurements distinguish (``isa`` of a machine in the measurements file)."""
+
+
+def _size_error(value) -> str | None:
+    """Why ``value`` is not a usable size in billions (None when it is a finite number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"got {value!r}, not a number"
+    if value != value or value in (float("inf"), float("-inf")):
+        return f"got {value}"
+    return None
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What the user tells the advisor.
+
+    Attributes:
+        target_b: target size in billions of parameters, in (0, :data:`MAX_TARGET_B`].
+        draft_b: size of an available same-family smaller model with the same tokenizer, or None.
+        willing_to_train: whether training something (Medusa heads) is acceptable.
+        task: one of :data:`TASKS`.
+        appetite: ``"conservative"``, ``"default"`` or ``"aggressive"`` (sets K).
+        device: ``"gpu"`` or ``"cpu"``.
+        draft_loaded: a draft sharing the target's tokenizer is loaded in this app (so the
+            Playground tab can measure it), e.g. the distilled draft shipped for the embedded default.
+        medusa_loaded: Medusa heads for the target are loaded in this app.
+        draft_k: the K saved with the loaded draft (its ``draft_knobs.json``), or None.
+        cpu_isa: on a CPU, ``"avx512"`` or ``"avx2"`` when known (see :func:`cpu_isa`), else None.
+    """
+
+    target_b: float
+    draft_b: float | None = None
+    willing_to_train: bool = False
+    task: str = "chat"
+    appetite: str = "default"
+    device: str = "gpu"
+    draft_loaded: bool = False
+    medusa_loaded: bool = False
+    draft_k: int | None = None
+    cpu_isa: str | None = None
+
+    def check(self) -> None:
+        """Raises ValueError naming a bad field and what is allowed."""
+        bad = _size_error(self.target_b)
+        if bad or not (0 < self.target_b <= MAX_TARGET_B):
+            raise ValueError(f"target size must be > 0 and at most {MAX_TARGET_B:g} billion parameters "
+                             f"(e.g. 0.135 for a 135M model, 70 for a 70B one), {bad or f'got {self.target_b:g}'}")
+        if self.draft_b is not None:
+            bad = _size_error(self.draft_b)
+            if bad or not (0 < self.draft_b < self.target_b):
+                raise ValueError(f"the draft must be smaller than the target ({self.target_b:g} B) and above 0 "
+                                 f"(0 = no draft), {bad or f'got {self.draft_b:g} B'}")
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if self.appetite not in APPETITES:
+            raise ValueError(f"appetite must be one of {', '.join(APPETITES)}, got {self.appetite!r}")
+        if self.device not in ("gpu", "cpu"):
+            raise ValueError(f"device must be 'gpu' or 'cpu', got {self.device!r}")
+        if self.draft_k is not None and not (isinstance(self.draft_k, int) and not isinstance(self.draft_k, bool)
+                                             and 1 <= self.draft_k <= MAX_SPECULATIVE_TOKENS):
+            raise ValueError(f"draft_k must be in [1, {MAX_SPECULATIVE_TOKENS}], got {self.draft_k!r}")
+        if self.cpu_isa is not None and self.cpu_isa not in CPU_ISAS:
+            raise ValueError(f"cpu_isa must be one of {', '.join(CPU_ISAS)} or None, got {self.cpu_isa!r}")
+
+
+def cpu_isa() -> str | None:
+    """``"avx512"`` or ``"avx2"``: the vector instructions PyTorch uses on this CPU (None if neither
+    or unknown). The project's CPU measurements differ between the two."""
+    try:
+        import torch
+
+        cap = str(torch.backends.cpu.get_cpu_capability()).lower()
+    except Exception:  # noqa: BLE001 - an old torch or an odd platform: unknown
+        return None
+    return "avx512" if "avx512" in cap else "avx2" if "avx2" in cap else None
+
+
+@dataclass
+class Advice:
+    """The advisor's answer.
+
+    Attributes:
+        primary: the recommended method (a method name: ``draft_model``, ``medusa``, ``lookahead``,
+            ``prompt_lookup``).
+        methods: methods to tick on the main tab, the baseline ``autoregressive`` first.
+        params: method -> knob values to set.
+        reasons: ``(rule id, text)`` pairs, in the order the rules applied.
+        measured_notes: where measurements (this device's, or the measurements file's, naming the
+            machine) disagree with a rule.
+    """
+
+    primary: str
+    methods: list[str]
+    params: dict[str, dict] = field(default_factory=dict)
+    reasons: list[tuple[str, str]] = field(default_factory=list)
+    measured_notes: list[str] = field(default_factory=list)
+
+    def rule_ids(self) -> list[str]:
+        return [r for r, _ in self.reasons]
+
+
+def cpu_k(appetite: str, verify_cost) -> tuple[int, float]:
+    """``(K, expected speedup)`` for ``appetite`` on a CPU: the appetite's K (``K_PRESETS``), capped at the
+    K that ``verify_cost`` makes fastest for the appetite's :data:`ASSUMED_ALPHA` (``theory.optimal_k``,
+    the Theory tab's formula)."""
+    cost = verify_cost.monotone()
+    best, _ = theory.optimal_k(ASSUMED_ALPHA[appetite], ASSUMED_DRAFT_COST, cost)
+    k = min(K_PRESETS[appetite], best)
+    return k, theory.expected_speedup(ASSUMED_ALPHA[appetite], k, ASSUMED_DRAFT_COST, cost)
+
+
+def _verify_note(verify_cost) -> str:
+    """The verify cost the advice is based on, where it was measured."""
+    tail = ("where the rules assume a GPU on which it costs about 1x. So smaller K and smaller Lookahead "
+            "windows win on a CPU.")
+    if verify_cost is not theory.FALLBACK:  # the Theory tab's measurement (advise's contract)
+        top = max(verify_cost.table)
+        return (f"Measured on this device (Theory tab): verifying 9 tokens costs {verify_cost(9):.2f}x and "
+                f"{top} tokens {verify_cost(top):.2f}x one single-token forward, {tail}")
+    found = fallback_verify_record()
+    record, label = found if found else ({}, "another machine")
+    ms = record.get("one_token_s")
+    timing = (f" ({1000 * ms:.0f} / {1000 * ms * verify_cost(9):.0f} / {1000 * ms * verify_cost(64):.0f} ms)"
+              if ms else "")
+    return (f"Measured on {label} ({record.get('dtype', '?')}, {record.get('when', 'undated')}), not on this device "
+            f"(open the Theory tab to measure it): verifying 9 tokens cost {verify_cost(9):.1f}x and 64 tokens "
+            f"{verify_cost(64):.1f}x one single-token forward{timing}, {tail}")
+
+
+def _spec_bench_notes(s: Situation, methods: list[str]) -> list[str]:
+    """The measured Spec-Bench figures of the default model's methods, this CPU's instruction set first."""
+    isas = sorted(MEASURED, key=lambda isa: (isa != s.cpu_isa, str(isa)))
+    parts, lossless, setup = [], True, None
+    names = {"draft_model": "the shipped distilled draft", "medusa": "Medusa with the shipped heads",
+             "lookahead": "Lookahead", "prompt_lookup": "prompt lookup"}
+    for isa in isas:
+        figs = MEASURED[isa]
+        if not figs:
+            continue
+        some = next(iter(figs.values()))
+        setup = setup or some
+        parts.append(f"On {some['machine']}: " + ", ".join(
+            f"{names.get(m, m)} {_describe(m, f)}" for m, f in figs.items()))
+        lossless &= all(f.get("lossless") for f in figs.values())
+    if not parts:
+        return []
+    head = (f"Spec-Bench, the embedded default model, {setup['questions']}, greedy, {setup['dtype']}, "
+            f"{setup['threads']} threads (the project's measurements)")
+    notes = [f"{head}. " + ". ".join(parts) + "." + (" All lossless." if lossless else "")]
+    figs = {m: f for m, f in MEASURED.get(s.cpu_isa, {}).items() if m in methods}
+    if figs:
+        best = max(figs, key=lambda m: figs[m]["speedup"])
+        what = "AVX-512" if s.cpu_isa == "avx512" else "AVX2 but no AVX-512"
+        notes.append(f"This CPU has {what}, like {figs[best]['machine']}, where {names.get(best, best)} measured "
+                     f"fastest ({figs[best]['speedup']:.2f}x).")
+    return notes
+
+
+def _cpu_notes(s: Situation, primary: str, methods: list[str], k: int | None, params: dict,
+               verify_cost) -> list[str]:
+    """Where measurements on a CPU disagree with the rules, each naming the machine it was measured on."""
+    notes = [_verify_note(verify_cost)]
+    if "draft_model" in methods and k is not None and k < K_PRESETS[s.appetite] and not s.draft_loaded:
+        _, speedup = cpu_k(s.appetite, verify_cost)
+        notes.append(f"On a CPU K = {k} rather than the {s.appetite} K = {K_PRESETS[s.appetite]}: with this verify "
+                     f"cost, an acceptance rate of {ASSUMED_ALPHA[s.appetite]} and a draft costing "
+                     f"{ASSUMED_DRAFT_COST} of a target forward, K = {k} is the fastest (expected {speedup:.2f}x; "
+                     "the Theory tab draws the curves).")
+    if "lookahead" in methods:
+        gpu = lookahead_settings(max(s.target_b, 7.0), "gpu")
+        n_gpu = theory.lookahead_tokens_per_pass(gpu["window"], gpu["ngram_size"], gpu["guess_set_size"])
+        cpu = params["lookahead"]
+        n_cpu = theory.lookahead_tokens_per_pass(cpu["window"], cpu["ngram_size"], cpu["guess_set_size"])
+        cost = verify_cost.monotone()
+        notes.append(f"Lookahead's GPU setting (W {gpu['window']}, N {gpu['ngram_size']}) puts {n_gpu} tokens "
+                     f"in each forward pass, which at this verify cost costs about {cost(n_gpu):.1f} single-token "
+                     f"forwards; the small setting ({n_cpu} tokens per pass, {cost(n_cpu):.2f}x) is used.")
+    small = s.target_b <= 0.2
+    if small:
+        notes += _spec_bench_notes(s, methods)
+    pl = _fig(s.cpu_isa, "prompt_lookup") or next((f["prompt_lookup"] for f in MEASURED.values()
+                                                    if "prompt_lookup" in f), None)
+    if not small and pl and (primary in ("lookahead", "prompt_lookup") or "prompt_lookup" in methods):
+        notes.append(f"Measured on {pl['machine']} with the embedded default model: prompt lookup gave "
+                     f"{_describe('prompt_lookup', pl)} on {pl['questions']}; it costs nothing to draft, so it "
+                     "is the safe pick on a CPU.")
+    return notes
+
+
+def advise(s: Situation, verify_cost=None) -> Advice:
+    """Recommend a method and its settings for situation ``s`` (rules: :data:`RULES`).
+
+    Steps: 1. choose the primary method (a loaded draft or Medusa heads first, then draft model /
+    Medusa / Lookahead / prompt lookup); 2. add prompt lookup for copy-heavy tasks; 3. set K (the
+    loaded draft's own K, else by appetite, on a CPU at most the verify cost's best K); 4. size
+    Lookahead by the model; 5. Medusa keeps exact acceptance (no threshold knobs); 6. on a CPU, note
+    where measurements disagree.
+
+    Args:
+        s: the situation.
+        verify_cost: this device's measured ``theory.VerifyCost`` (the Theory tab's), if any; else the
+            measurements file's (``theory.FALLBACK``). On a CPU, K and the notes follow from it.
+
+    Raises:
+        ValueError: a bad :class:`Situation` field.
+    """
+    s.check()
+    reasons: list[tuple[str, str]] = []
+    params: dict[str, dict] = {}
+    big_enough = s.target_b >= MIN_TARGET_FOR_DRAFT_B
+    extra: list[str] = []  # loaded methods to compare with the primary
+    # 1. The primary method: what is loaded and measured here first, then the rules.
+    if s.draft_loaded:
+        primary = "draft_model"
+        reasons.append(("loaded_draft", "a draft with the target's tokenizer is loaded: draft-model speculative "
+                                        "decoding"))
+        if s.medusa_loaded:
+            extra.append("medusa")
+            med, dft = _fig(s.cpu_isa, "medusa"), _fig(s.cpu_isa, "draft_model")
+            if s.device == "cpu" and med and dft and med["speedup"] > dft["speedup"]:
+                primary, extra = "medusa", ["draft_model"]
+                reasons.append(("loaded_medusa", f"Medusa heads are loaded too, and on {med['machine']} Medusa "
+                                                 f"measured faster than the draft ({med['speedup']:.2f}x against "
+                                                 f"{dft['speedup']:.2f}x): Medusa"))
+            else:
+                reasons.append(("loaded_medusa", "Medusa heads are loaded too: compare them with the draft"))
+    elif s.medusa_loaded:
+        primary = "medusa"
+        reasons.append(("loaded_medusa", "Medusa heads for the target are loaded: Medusa, with no training needed"))
+    elif s.draft_b is not None and big_enough:
+        primary = "draft_model"
+        reasons.append(("same_family_draft", f"a same-family {s.draft_b:g} B model is available: draft-model "
+                                             "speculative decoding"))
+    elif not big_enough:
+        primary = "medusa" if s.willing_to_train else "lookahead"
+        reasons.append(("target_too_small", f"a {s.target_b:g} B target is below {MIN_TARGET_FOR_DRAFT_B:g} B "
+                                            f"and no draft made for it is loaded: {primary} instead of a draft model"))
+    elif s.willing_to_train:
+        primary = "medusa"
+        reasons.append(("no_draft_medusa", "no draft model: train Medusa heads on the target"))
+    else:
+        primary = "lookahead"
+        reasons.append(("zero_training", "no draft and no training: Lookahead decoding (or prompt lookup)"))
+    if s.draft_b is not None and big_enough and "draft_model" in (primary, *extra):
+        ratio = s.target_b / s.draft_b
+        if draft_ratio_ok(s.target_b, s.draft_b):
+            reasons.append(("draft_size", f"your draft is {ratio:.1f}x smaller than the target: inside the 5-10x rule"))
+        else:
+            want = suggested_draft_size_b(s.target_b)
+            side = "too large (slow to run)" if ratio < DRAFT_RATIO_RANGE[0] else "very small (rarely accepted)"
+            reasons.append(("draft_size", f"your draft is {ratio:.1f}x smaller: {side}; the rule suggests about "
+                                          f"{want:g} B for a {s.target_b:g} B target"))
+    methods = ["autoregressive", primary, *extra]
+    # 2. Copy-heavy tasks.
+    if s.task in COPY_TASKS:
+        reasons.append(("copy_tasks", f"{s.task} repeats the prompt: prompt lookup copies it almost for free"))
+        methods.append("prompt_lookup")
+        if primary == "lookahead" and not s.willing_to_train:
+            primary = "prompt_lookup"  # the cheaper of the two zero-training methods fits a copy task best
+    elif primary == "lookahead":
+        methods.append("prompt_lookup")  # the other zero-training method, for comparison
+    # 3. K: the loaded draft's own (measured) K, else by appetite, capped on a CPU by the verify cost.
+    cost = theory.FALLBACK if verify_cost is None else verify_cost
+    k = None
+    if "draft_model" in methods:
+        if s.draft_loaded and s.draft_k is not None:
+            k = s.draft_k
+            reasons.append(("k_defaults", f"K = {k} (the loaded draft's own, measured setting; the appetite "
+                                          "presets are for drafts without one)"))
+        elif s.device == "cpu":
+            k, _ = cpu_k(s.appetite, cost)
+            reasons.append(("k_defaults", f"K = {k} ({s.appetite}, capped by this CPU's verify cost)"
+                            if k < K_PRESETS[s.appetite] else f"K = {k} ({s.appetite})"))
+        else:
+            k = K_PRESETS[s.appetite]
+            reasons.append(("k_defaults", f"K = {k} ({s.appetite})"))
+        params["draft_model"] = {"k": k}
+    # 4. Lookahead by size.
+    if "lookahead" in methods:
+        la = lookahead_settings(s.target_b, s.device)
+        params["lookahead"] = la
+        where = "the small CPU setting" if s.device == "cpu" else "for this model size"
+        reasons.append(("lookahead_size", f"Lookahead W = {la['window']}, N = {la['ngram_size']}, "
+                                          f"G = {la['guess_set_size']} ({where})"))
+    # 5. Medusa keeps exact acceptance (lossless): its posterior threshold and alpha would change nothing,
+    #    so they are not listed (rule medusa_threshold explains them for typical acceptance).
+    # 6. Where the measurements disagree.
+    notes = _cpu_notes(s, primary, methods, k, params, cost) if s.device == "cpu" else []
+    return Advice(primary, list(dict.fromkeys(methods)), params, reasons, notes)

@@ -1,0 +1,394 @@
+"""Running a benchmark: the run checks, the warm-up, the loop over (question, turn, method), the
+progress bar. The command line, the page's Benchmark tab and the training tools all run through
+:func:`prepare` and :class:`Benchmark`, so the checks exist once.
+
+Order and timing
+    For each (question, turn) every method runs once, the autoregressive baseline first, before
+    the next turn. Each method's clock counts only its own steps (prefill included), as the
+    engine measures it; :meth:`Benchmark.warm_up` runs short untimed generations first.
+    Multi-turn questions run turn after turn; each method sees its *own* earlier answers.
+
+Checks (:func:`check_specs` without models; :func:`prepare` once they are loaded): every
+method's settings are in range, the loaded models can run it (a draft for draft_model, heads
+for medusa), its drafter builds with these settings (a Medusa tree no deeper than the heads,
+draft_model's ``medusa_heads`` proposer with heads for the draft), ``max_new_tokens`` leaves
+room for a prompt in the target's context, and at least one question's first turn fits.
+Questions that do not fit are skipped during the run, with a note.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from .errors import BenchError
+from .questions import Question
+
+WARMUP_PROMPT = "Write two sentences about the sea. The sea is"
+WARMUP_TOKENS = 16
+PAGE_LABELS = {"max_new_tokens": "max new tokens", "tree": "the tree"}
+"""How the checks' messages name the settings to change, by default (the page's words); the
+command line passes its flags instead (``--max-new-tokens``, ``--tree``)."""
+
+
+# ----- checks ----------------------------------------------------------------------------------
+def order_methods(names: list[str]) -> list[str]:
+    """Check method names and put the baseline first (added when missing).
+
+    Raises:
+        BenchError: no name, a name twice, or a name not in the engine's ``METHODS``.
+    """
+    from playground.engine import BASELINE, METHODS
+
+    if not names:
+        raise BenchError("no method is chosen; available methods: " + ", ".join(METHODS))
+    unknown = [m for m in names if m not in METHODS]
+    if unknown:
+        raise BenchError(f"unknown method{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                         f"available methods: {', '.join(METHODS)}")
+    if len(set(names)) != len(names):
+        raise BenchError(f"a method is chosen twice: {', '.join(names)}")
+    return [BASELINE] + [m for m in names if m != BASELINE]
+
+
+def check_specs(specs: list) -> None:
+    """Check every method's settings (``MethodSpec.checked_params``); needs no model.
+
+    Raises:
+        BenchError: the engine's message (unknown method or knob, a value out of range).
+    """
+    try:
+        for s in specs:
+            s.checked_params()
+    except ValueError as e:
+        raise BenchError(str(e)) from None
+
+
+def check_runnable(engine, specs: list, max_new_tokens: int, questions: list[Question],
+                   labels: dict[str, str] | None = None) -> None:
+    """Check, once the models are loaded and before any run, everything that needs them.
+
+    That is: the loaded models can run every method (``Engine.unavailable_reason``);
+    ``max_new_tokens`` leaves room for a prompt in the target's context; every method builds its
+    drafter with these settings and models; and at least one question's first turn fits the
+    context with ``max_new_tokens``. Building a drafter runs no model, except that Medusa's
+    ``auto`` tree is measured here, once, rather than in the first run.
+
+    Args:
+        engine: a loaded ``playground.engine.Engine``.
+        specs: the ``MethodSpec`` of every method to run.
+        max_new_tokens: new tokens per answer.
+        questions: the questions to run.
+        labels: how messages name ``max_new_tokens`` and ``tree`` (default :data:`PAGE_LABELS`).
+
+    Raises:
+        BenchError: naming the setting to change.
+    """
+    from playground.engine import TreeChoicesError
+
+    name = {**PAGE_LABELS, **(labels or {})}
+    max_new = f"{name['max_new_tokens']} {max_new_tokens}"
+
+    for s in specs:
+        reason = engine.unavailable_reason(s.name)
+        if reason:
+            raise BenchError(f"{s.name} cannot run: {reason}")
+    target = engine.target
+    context = target.context_length
+    if max_new_tokens >= context:
+        raise BenchError(f"{max_new} leaves no room for the prompt: {target.name}'s context "
+                         f"holds {context} tokens, prompt and answer together; use fewer new tokens")
+    _check_a_question_fits(engine, questions, max_new_tokens, name, max_new)
+    for s in specs:
+        try:
+            engine.make_drafter(s)
+        except TreeChoicesError as e:  # only a custom tree can fail here (presets fit any heads)
+            raise BenchError(f"{s.name} cannot run: {name['tree']}: {e}") from None
+        except ValueError as e:
+            raise BenchError(f"{s.name} cannot run: {e}") from None
+
+
+def _check_a_question_fits(engine, questions: list[Question], max_new_tokens: int, name: dict, max_new: str) -> None:
+    """Raise BenchError naming the largest new-token count that fits when no first prompt fits."""
+    target = engine.target
+    context = target.context_length
+    if not questions:
+        return
+    shortest = None
+    for q in questions:
+        try:
+            length = len(engine.encode_prompt(q.turns[0]))
+        except ValueError:  # longer than the whole context
+            continue
+        if length + max_new_tokens <= context:
+            return
+        shortest = length if shortest is None else min(shortest, length)
+    longest_ok = context - (shortest if shortest is not None else context)
+    hint = (f"the shortest first prompt is {shortest} tokens, so use {name['max_new_tokens']} {longest_ok} or fewer"
+            if longest_ok >= 1 else "every first prompt alone fills the context; choose shorter questions")
+    raise BenchError(f"no question fits {target.name}'s context of {context} tokens with {max_new}: {hint}")
+
+
+# ----- one method on one prompt -------------------------------------------------------------------
+def run_method(engine, prompt_ids: list[int], spec, settings) -> dict:
+    """Run one method to the end; return the measured part of its record (see :mod:`.records`)."""
+    from playground.engine import RunOutput
+
+    out = RunOutput(spec.name, spec.params)
+    for event in engine.run_one(prompt_ids, spec, settings):
+        out.add(event)
+    stats = out.last.stats
+    return {
+        "new_tokens": stats.new_tokens, "steps": stats.steps, "wall_s": stats.elapsed_s, "ttft_s": stats.ttft_s,
+        "tokens_per_s": stats.tokens_per_s, "mean_accepted_tokens": stats.tau, "acceptance_rate": stats.alpha,
+        "proposed": stats.proposed, "accepted": stats.accepted, "finish_reason": out.last.finish_reason,
+        "output_ids": out.ids, "output_text": out.text, "margins": [round(x, 5) for x in out.margins],
+        "accepted_at": list(stats.accepted_at), "proposed_at": list(stats.proposed_at),
+    }
+
+
+@dataclass(frozen=True)
+class Runner:
+    """One method as the benchmark loop sees it: a name, its params, and
+    ``run(prompt_ids) -> measured fields`` (see :func:`run_method` for the fields)."""
+
+    name: str
+    params: dict
+    run: Callable[[list[int]], dict]
+
+
+def engine_runner(engine, spec, settings) -> Runner:
+    """A :class:`Runner` for an engine method (``spec`` is a ``MethodSpec``)."""
+    return Runner(spec.name, engine.with_defaults(spec).checked_params(),
+                  lambda ids: run_method(engine, ids, spec, settings))
+
+
+# ----- the loop -------------------------------------------------------------------------------------
+def iter_runs(engine, questions: list[Question], runners: list[Runner], max_new_tokens: int,
+              extra: dict | None = None) -> Iterator[tuple[str, object, int]]:
+    """Run every method on every (question, turn), as a generator.
+
+    ``engine`` only builds prompts (chat template, context check). Each method keeps its own
+    conversation per question: turn t's prompt holds the earlier user turns and that method's
+    own earlier answers. A (question, turn) whose prompt does not fit the context for some
+    method is skipped for all methods, and so are the question's later turns.
+
+    Yields:
+        ``("record", record, 1)`` after each run, and ``("skip", message, runs_skipped)`` when a
+        (question, turn) and the question's later turns are skipped. Closing the generator
+        stops after the current run.
+    """
+    context = engine.target.context_length
+    for q in questions:
+        history: dict[str, list[dict]] = {r.name: [] for r in runners}
+        for turn, user in enumerate(q.turns):
+            prompts = {}
+            try:
+                for r in runners:
+                    ids = engine.encode_prompt(history[r.name] + [{"role": "user", "content": user}])
+                    if len(ids) + max_new_tokens > context:
+                        raise ValueError(f"the prompt is {len(ids)} tokens; with max_new_tokens={max_new_tokens} "
+                                         f"it exceeds the context of {context}")
+                    prompts[r.name] = ids
+            except ValueError as e:
+                yield "skip", f"skipping question {q.question_id} from turn {turn}: {e}", \
+                    (len(q.turns) - turn) * len(runners)
+                break
+            for r in runners:
+                rec = {"question_id": q.question_id, "category": q.category, "turn": turn, "method": r.name,
+                       "params": r.params, "prompt_tokens": len(prompts[r.name])}
+                rec.update(r.run(prompts[r.name]))
+                rec.update(extra or {})
+                history[r.name] += [{"role": "user", "content": user},
+                                    {"role": "assistant", "content": rec["output_text"]}]
+                yield "record", rec, 1
+
+
+class Progress:
+    """A stderr progress bar (tqdm, which transformers already depends on) with a plain fallback."""
+
+    def __init__(self, total: int, enabled: bool = True):
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
+            except ImportError:
+                pass
+
+    def update(self, text: str) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.set_postfix_str(text, refresh=False)
+            self.bar.update(1)
+        elif self.enabled:
+            print(f"[{self.done}/{self.total}] {text}", file=sys.stderr, flush=True)
+
+    def write(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run_all(engine, questions: list[Question], runners: list[Runner], max_new_tokens: int,
+            write: Callable[[dict], None], progress: Progress | None = None, extra: dict | None = None) -> list[dict]:
+    """:func:`iter_runs` to the end: call ``write(record)`` after each run, report skips and
+    progress on ``progress`` (or stderr), and return the records."""
+    records = []
+    for kind, item, runs in iter_runs(engine, questions, runners, max_new_tokens, extra):
+        if kind == "skip":
+            if progress:
+                progress.write(item)
+                for _ in range(runs):
+                    progress.update("skipped")
+            else:
+                print(item, file=sys.stderr)
+            continue
+        write(item)
+        records.append(item)
+        if progress:
+            progress.update(f"q {item['question_id']} t{item['turn']} {item['method']} "
+                            f"{item['tokens_per_s']:.1f} tok/s")
+    return records
+
+
+# ----- a prepared benchmark -----------------------------------------------------------------------
+@dataclass
+class Benchmark:
+    """A checked benchmark, ready to run (build it with :func:`prepare`).
+
+    Attributes:
+        engine: the loaded engine; questions: what to run; specs: the methods, baseline first;
+        settings: the ``GenerationSettings`` of every run; extra: fields added to every record
+        (``temperature``, ``dtype``, ``target``, and ``stop_strings`` when there are some).
+    """
+
+    engine: object
+    questions: list[Question]
+    specs: list
+    settings: object
+    extra: dict = field(default_factory=dict)
+    labels: dict = field(default_factory=lambda: dict(PAGE_LABELS))
+
+    @property
+    def total_runs(self) -> int:
+        """Runs the benchmark makes when no question is skipped: turns x methods."""
+        return sum(len(q.turns) for q in self.questions) * len(self.specs)
+
+    def runners(self) -> list[Runner]:
+        return [engine_runner(self.engine, s, self.settings) for s in self.specs]
+
+    def warm_up(self, rounds: int = 1) -> None:
+        """Untimed short generations of every method (kernel selection, allocator, lazy imports).
+
+        Raises:
+            BenchError: the engine refused the warm-up (its message).
+        """
+        from dataclasses import replace
+
+        if rounds < 0:
+            raise BenchError(f"--warmup must be at least 0, got {rounds}")
+        short = replace(self.settings, max_new_tokens=min(WARMUP_TOKENS, self.settings.max_new_tokens))
+        try:
+            ids = self.engine.encode_prompt(WARMUP_PROMPT)
+            for _ in range(rounds):
+                for s in self.specs:
+                    for _event in self.engine.run_one(ids, s, short):
+                        pass
+        except ValueError as e:
+            raise BenchError(f"warm-up failed: {e}") from None
+        # Methods that learn across runs (suffix caches, recycling tables, acceptance calibration) forget
+        # the warm-up output: the timed runs see only earlier questions' outputs of the same method.
+        self.engine.forget("learned/")
+
+    def iter(self) -> Iterator[tuple[str, object, int]]:
+        """:func:`iter_runs` over this benchmark (under ``torch.inference_mode``)."""
+        import torch
+
+        with torch.inference_mode():
+            yield from iter_runs(self.engine, self.questions, self.runners(), self.settings.max_new_tokens,
+                                 self.extra)
+
+    def run(self, write: Callable[[dict], None], progress: Progress | None = None) -> list[dict]:
+        """:func:`run_all` over this benchmark (under ``torch.inference_mode``).
+
+        Raises:
+            BenchError: the engine refused a run (its message about a setting or a prompt), or
+                every question was skipped.
+        """
+        import torch
+
+        try:
+            with torch.inference_mode():
+                records = run_all(self.engine, self.questions, self.runners(), self.settings.max_new_tokens,
+                                  write, progress, self.extra)
+        except ValueError as e:  # the engine's message about a setting or a prompt (TreeChoicesError is one)
+            raise BenchError(f"run failed: {e}") from None
+        if not records:
+            target = self.engine.target
+            raise BenchError(f"no question could be run: each was skipped because its prompt with "
+                             f"{self.labels['max_new_tokens']} {self.settings.max_new_tokens} exceeds {target.name}'s context of "
+                             f"{target.context_length} tokens; use fewer new tokens or shorter questions")
+        return records
+
+
+def prepare(engine, questions: list[Question], specs: list, settings,
+            labels: dict[str, str] | None = None) -> Benchmark:
+    """Run every check (:func:`check_specs`, :func:`check_runnable`) and return the benchmark.
+
+    Args:
+        engine: a loaded ``Engine``; questions: see :mod:`.questions`; specs: ``MethodSpec``
+            list, the baseline first (see :func:`order_methods`); settings: ``GenerationSettings``;
+        labels: see :func:`check_runnable`.
+
+    Raises:
+        BenchError: naming what to change.
+    """
+    check_specs(specs)
+    labels = {**PAGE_LABELS, **(labels or {})}
+    check_runnable(engine, specs, settings.max_new_tokens, questions, labels)
+    target = engine.target
+    extra = {"temperature": settings.sampling.temperature, "dtype": str(target.dtype).removeprefix("torch."),
+             "target": target.name}
+    stops = list(getattr(settings, "stop_strings", None) or ())
+    if stops:
+        extra["stop_strings"] = stops
+    return Benchmark(engine, list(questions), list(specs), settings, extra, labels)
+
+
+# ----- the machine ----------------------------------------------------------------------------------
+def _cpu_times() -> tuple[float, float] | None:
+    """(busy, total) CPU time of the whole machine in clock ticks, from Linux's /proc/stat; None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 5:
+        return None
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def other_cpu_load(seconds: float = 0.5) -> float | None:
+    """Cores kept busy by other processes, measured over ``seconds`` while this one sleeps (Linux); None
+    where it cannot be measured. A benchmark's threads compete with them, and on a CPU a thread that
+    loses its core stalls the others at every synchronisation, so timings become slow and noisy."""
+    first = _cpu_times()
+    if first is None:
+        return None
+    time.sleep(seconds)
+    second = _cpu_times()
+    if second is None or second[1] <= first[1]:
+        return None
+    return (second[0] - first[0]) / (second[1] - first[1]) * (os.cpu_count() or 1)

@@ -1,0 +1,54 @@
+"""EAGLE-3 drafting with an EAGLE-2 dynamic tree: the head, its checkpoints, the tree and the drafter.
+
+Importing this package registers the ``eagle`` method (:mod:`playground.engine.registry`).
+"""
+
+from __future__ import annotations
+
+from ..events import SOURCE_TARGET
+from ..limits import EAGLE_KNOBS, MAX_EAGLE_DEPTH, MAX_EAGLE_TOTAL_TOKENS
+from ..registry import MethodInfo, register
+from .checkpoint import DEFAULT_EAGLE_DIR, EagleLoadError, eagle_spec, load_eagle, read_eagle, save_eagle
+from .checkpoint import head_config as eagle_head_config
+
+head_spec = eagle_spec
+"""The head the Engine loads for a target: ``head_spec(target_spec, eagle_option)`` (see :func:`eagle_spec`)."""
+from .drafter import EagleDrafter, depth_source
+from .head import EagleHead
+
+__all__ = ["EagleHead", "EagleDrafter", "EagleLoadError", "load_eagle", "read_eagle", "save_eagle", "eagle_spec",
+           "DEFAULT_EAGLE_DIR", "depth_source", "verify_cost_for", "head_spec", "eagle_head_config"]
+
+_COSTS: dict[int, object] = {}
+
+
+def verify_cost_for(target_lm):
+    """This device's verify-cost curve for ``target_lm`` (measured once per target, then reused)."""
+    key = id(target_lm)
+    if key not in _COSTS:
+        from ..theory import measure_verify_cost
+        sizes = (1, 2, 4, 8, 12, 16, 24, 32, 48, MAX_EAGLE_TOTAL_TOKENS + 1)
+        _COSTS[key] = measure_verify_cost(target_lm, sizes, repeats=3).monotone()
+    return _COSTS[key]
+
+
+def _build(engine, params: dict) -> EagleDrafter:
+    if getattr(engine, "eagle", None) is None:
+        raise ValueError("eagle needs an EAGLE head: pass --eagle PATH_OR_HUB_ID (the default target loads "
+                         "assets/eagle/default)")
+    cost = None
+    if params.get("total_tokens", "auto") == "auto":
+        persistent = getattr(engine, "persistent", None)
+        cost = (persistent("eagle_verify_cost", lambda: verify_cost_for(engine.target_lm)) if persistent
+                else verify_cost_for(engine.target_lm))
+    return EagleDrafter(engine.eagle, verify_cost=cost, max_total=MAX_EAGLE_TOTAL_TOKENS, **params)
+
+
+METHOD = register(MethodInfo(
+    name="eagle", label="EAGLE-3",
+    description="A one-layer head reads the target's low, middle and high features and the token just chosen, "
+                "and grows a dynamic draft tree (EAGLE-2); lossless.",
+    lossless=True, knobs=EAGLE_KNOBS,
+    sources=(SOURCE_TARGET,) + tuple(depth_source(d) for d in range(1, MAX_EAGLE_DEPTH + 1)),
+    source_labels={depth_source(d): f"EAGLE depth {d}" for d in range(1, MAX_EAGLE_DEPTH + 1)},
+    requires=("eagle",), build=_build))

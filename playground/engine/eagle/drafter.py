@@ -1,0 +1,138 @@
+"""The ``eagle`` drafter: EAGLE-3 features in, an EAGLE-2 dynamic tree out.
+
+Per step:
+
+1. **Catch up**: the positions committed since the previous step (the whole prompt at the first
+   step, then the previous root and its accepted path) become draft entries: the target's features
+   there (``DecodeState.features``) with the token after each; the draft cache first drops the
+   previous step's tree entries.
+2. **Expand and rerank** (:mod:`.tree`): ``depth`` levels, ``top_k`` children per expanded node,
+   the best ``total_tokens`` nodes by cumulative draft log-probability (``auto``: as many as pay for
+   their verification on this device's measured cost curve).
+3. The nodes go out as :class:`~playground.engine.tree.Candidates` with sources ``eagle_d<depth>``
+   and ``accept_probs`` = each node's draft probability given its parent.
+
+The tree is a deterministic function of the prefix, so greedy verification is lossless and under
+sampling the one-hot speculative rule keeps the target's distribution exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..drafter import DecodeState, Drafter, StepResult
+from ..tree import Candidates
+from .head import EagleHead
+from .tree import choose_size, expand, rerank
+
+AUTO = "auto"
+
+
+def depth_source(d: int) -> str:
+    """Source tag of a token drafted at depth ``d`` (1 = the root's child)."""
+    return f"eagle_d{d}"
+
+
+class EagleDrafter(Drafter):
+    """EAGLE drafting (see the module docstring).
+
+    Args:
+        head: an :class:`EagleHead` on the target's device, embedding attached.
+        depth: draft levels per step; top_k: children per expanded node.
+        total_tokens: nodes verified per step, or ``"auto"``.
+        verify_cost: ``cost(q)``, relative time of a target forward over q tokens (for ``auto``;
+            None: constant, i.e. keep ``max_total`` nodes).
+        max_total: most nodes ``auto`` may keep.
+    """
+
+    name = "eagle"
+    source = depth_source(1)
+
+    def __init__(self, head: EagleHead, depth: int = 6, top_k: int = 8, total_tokens: int | str = AUTO,
+                 verify_cost: Callable[[int], float] | None = None, max_total: int = 64):
+        self.head = head
+        self.depth, self.top_k, self.total_tokens = int(depth), int(top_k), total_tokens
+        self.verify_cost = verify_cost
+        self.max_total = int(max_total)
+        self.feature_layers = tuple(head.feature_layers)
+        self.last_sizes: list[int] = []
+        self.last_tree: dict | None = None
+        self.begin([])
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.cache = self.head.new_cache()
+        self.committed = 0  # draft entries for positions 0 .. committed - 1
+        self.last_tree = None
+
+    @torch.inference_mode()
+    def _catch_up(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Step 1: entries for the newly committed positions; the last one's logits and output."""
+        head = self.head
+        n = len(state.tokens) - 1  # the root's position
+        feats = state.features
+        want = n - self.committed
+        if feats is None or feats.dim() != 2 or feats.shape[0] != want:
+            raise ValueError(f"EagleDrafter needs the target's features of the {want} positions committed since "
+                             f"its previous step, shape ({want}, "
+                             f"{len(self.feature_layers) * head.target_hidden_size}), "
+                             f"got {None if feats is None else tuple(feats.shape)}")
+        self.cache.crop(self.committed)
+        dev = head.fc.weight.device
+        hidden = head.project(feats.to(dev))
+        ids = torch.tensor(state.tokens[self.committed + 1:n + 1], dtype=torch.long, device=dev)
+        positions = torch.arange(self.committed, n, device=dev)
+        attend = torch.ones(want, self.committed + want, dtype=torch.bool, device=dev)
+        attend[:, self.committed:] = torch.ones(want, want, dtype=torch.bool, device=dev).tril()
+        logits, out = head.step(self.cache, hidden, ids, positions, attend)
+        self.committed = n
+        return logits[-1], out[-1], n - 1
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> Candidates:
+        root_logits, root_h, root_pos = self._catch_up(state)
+        depth = min(self.depth, state.budget)
+        if depth <= 0:
+            return Candidates.empty(state.device)
+        head, committed = self.head, self.committed
+        dev = head.fc.weight.device
+
+        def step(states, tokens, ancestors, level):
+            # Frontier node i's entry sees every committed entry, its ancestors' entries and itself.
+            f = tokens.shape[0]
+            tree_len = len(self.cache) - committed
+            attend = torch.zeros(f, len(self.cache) + f, dtype=torch.bool)
+            attend[:, :committed] = True
+            for i, anc in enumerate(ancestors):
+                attend[i, [committed + a for a in anc]] = True
+                attend[i, committed + tree_len + i] = True
+            positions = torch.full((f,), root_pos + level - 1, dtype=torch.long, device=dev)
+            logits, out = head.step(self.cache, states, tokens.to(dev), positions, attend.to(dev))
+            return torch.log_softmax(logits, -1), out
+
+        pool = expand(step, torch.log_softmax(root_logits, -1), root_h, depth, self.top_k, head.draft_ids.cpu())
+        if self.total_tokens == AUTO:
+            cost = self.verify_cost or (lambda q: 1.0)
+            n = choose_size(pool.scores.exp(), cost, self.max_total)
+            n = max(n, 1)
+        else:
+            n = int(self.total_tokens)
+        kept, parents = rerank(pool, n)
+        self.last_sizes.append(len(kept))
+        depths = pool.depths[kept].tolist()
+        self.last_tree = {"tokens": pool.tokens[kept].tolist(), "parents": parents, "depths": depths}
+        return Candidates(pool.tokens[kept].to(state.device), torch.tensor(parents, dtype=torch.long,
+                                                                               device=state.device),
+                          [depth_source(d) for d in depths], None,
+                          accept_probs=pool.logp[kept].exp().float())
+
+    def update(self, result: StepResult) -> None:
+        if self.last_tree is not None:
+            self.last_tree["accepted"] = list(result.path)
+
+    def info(self) -> dict[str, int | float]:
+        if not self.last_sizes:
+            return {}
+        return {"tree_nodes": self.last_sizes[-1],
+                "mean_tree_nodes": round(sum(self.last_sizes) / len(self.last_sizes), 2)}

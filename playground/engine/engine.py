@@ -1,0 +1,387 @@
+"""The :class:`Engine`: load a target (and its drafts and heads) and run methods on prompts.
+
+An engine runs several methods on one prompt **round-robin in one worker**: each method takes
+one step in turn, so every panel streams at once, no two methods compete for the device, and
+each method's clock counts only its own steps. Models are read-only during runs; every run
+builds its own caches and drafters, and a lock serialises steps across concurrent callers.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Iterator
+
+import torch
+
+from . import methods as _methods  # noqa: F401  (registers every method)
+from .decoding import GenerationSettings, decode
+from .drafter import Drafter
+from .events import StepEvent
+from .registry import METHODS, MethodSpec
+from .target import CausalLM
+
+MISSING_PART = {
+    "draft": "no draft model is loaded for {target}: start the app with --draft MODEL (a smaller model with the "
+             "same tokenizer)",
+    "medusa": "no Medusa heads are loaded for {target}: start with --medusa PATH_OR_HUB_ID, or train heads with "
+              "`python -m playground.training.medusa`",
+    "eagle": "no EAGLE head is loaded for {target}: start with --eagle PATH_OR_HUB_ID, or train one with "
+             "`python -m playground.training.eagle`",
+}
+"""Why a method that needs a part cannot run, per part (``{target}``: the target's name)."""
+
+
+class Engine:
+    """A loaded target (and optional draft, Medusa heads, EAGLE head) that runs methods on prompts.
+
+    Args:
+        target: a loaded target model (:class:`~playground.engine.models.LoadedModel`): needs
+            ``model``, ``tokenizer``, ``name``, ``context_length``, ``eos_token_ids``.
+        draft: an optional loaded draft sharing the target's tokenizer.
+        medusa: optional :class:`~playground.engine.medusa.MedusaHeads` for the target (attached
+            to its ``lm_head``, see :func:`~playground.engine.medusa.load_heads`).
+        draft_medusa: optional Medusa heads of the draft: draft_model's ``proposer`` knob
+            ``medusa_heads`` then drafts with one draft pass per step.
+        eagle: an optional EAGLE draft head for the target.
+    """
+
+    def __init__(self, target, draft=None, medusa=None, draft_medusa=None, eagle=None):
+        self.target = target
+        self.draft = draft
+        self.target_lm = CausalLM(target.model)
+        self.draft_lm = CausalLM(draft.model) if draft is not None else None
+        self.medusa = medusa
+        self.draft_medusa = draft_medusa
+        self.eagle = eagle
+        self._lock = threading.RLock()  # one step (or one calibration) at a time
+        self._persistent: dict[str, Any] = {}
+        self._persistent_lock = threading.Lock()
+
+    @classmethod
+    def load(cls, target: str, draft: str | None = None, medusa: str | None = None,
+             draft_medusa: str | None = None, device="auto", dtype="auto", progress=None,
+             methods: list[str] | None = None, eagle: str | None = None) -> "Engine":
+        """Load the models named by specs and build an engine: the one loading path of the app,
+        the benchmark and the presets.
+
+        Args:
+            target: the target's spec (``models.load_model``).
+            draft: the draft's spec; None: the shipped draft when the target is the embedded
+                default (``models.default_draft_spec``); ``"none"``: no draft.
+            medusa: the target's Medusa heads; None: the shipped heads for the embedded default
+                (``medusa.heads_spec``); ``"none"``: no heads.
+            draft_medusa: Medusa heads trained on the draft (draft_model's ``proposer``
+                ``medusa_heads``); needs a draft.
+            device, dtype: as for ``models.load_model``; the draft follows the target.
+            progress: optional ``progress(fraction, message)``.
+            methods: when given, models that none of these methods uses are not loaded.
+            eagle: the target's EAGLE head (same rules as ``medusa``).
+
+        Raises:
+            models.ModelLoadError: a model or heads cannot be found or loaded, or a draft with a
+                different tokenizer.
+            ValueError: a bad device or dtype, or draft Medusa heads without a draft.
+        """
+        from . import models
+        from .medusa import heads_spec, load_heads
+
+        def wanted(part: str) -> bool:
+            return methods is None or any(part in METHODS[m].requires for m in methods if m in METHODS)
+
+        def say(message: str) -> None:
+            if progress is not None:
+                progress(0.0, message)
+
+        loaded = models.load_model(target, device, dtype, progress)
+        draft_spec = models.default_draft_spec(target, draft)
+        loaded_draft = (models.load_draft(draft_spec, loaded, progress=progress)
+                        if draft_spec and wanted("draft") else None)
+        heads = None
+        medusa_spec = heads_spec(target, medusa)
+        if medusa_spec and wanted("medusa"):
+            say(f"loading Medusa heads {medusa_spec}")
+            heads = load_heads(medusa_spec, loaded)
+        draft_heads = None
+        if draft_medusa and draft_medusa.lower() != "none" and wanted("draft"):
+            if loaded_draft is None:
+                raise ValueError("draft Medusa heads need a draft model")
+            say(f"loading the draft's Medusa heads {draft_medusa}")
+            draft_heads = load_heads(draft_medusa, loaded_draft)
+        eagle_head = cls._load_eagle(target, eagle, loaded, say) if wanted("eagle") else None
+        return cls(loaded, loaded_draft, medusa=heads, draft_medusa=draft_heads, eagle=eagle_head)
+
+    @staticmethod
+    def _load_eagle(target_spec: str, eagle: str | None, loaded, say: Callable[[str], None]):
+        """The EAGLE head for ``loaded`` (None when the method is not installed or none applies)."""
+        if "eagle" not in METHODS:
+            return None
+        from . import eagle as eagle_pkg
+
+        spec = eagle_pkg.head_spec(target_spec, eagle)
+        if not spec:
+            return None
+        say(f"loading the EAGLE head {spec}")
+        return eagle_pkg.load_eagle(spec, loaded)
+
+    # ----- what is loaded and what can run ----------------------------------------------------
+    def loaded_parts(self) -> dict[str, bool]:
+        """Which optional parts are loaded: ``{"draft": ..., "medusa": ..., "eagle": ...}``."""
+        return {"draft": self.draft_lm is not None, "medusa": self.medusa is not None, "eagle": self.eagle is not None,
+                "draft_medusa": self.draft_medusa is not None}
+
+    def describe(self) -> dict:
+        """Plain facts about the loaded models for the UI and the records: target name, spec,
+        device, dtype (a string), context length, draft name, Medusa and EAGLE head counts."""
+        t = self.target
+        return {"target": t.name, "target_spec": getattr(t, "spec", None), "device": str(t.device),
+                "dtype": str(t.dtype).removeprefix("torch."), "context_length": t.context_length,
+                "draft": self.draft.name if self.draft is not None else None,
+                "medusa_heads": self.medusa.num_heads if self.medusa is not None else 0,
+                "draft_medusa_heads": self.draft_medusa.num_heads if self.draft_medusa is not None else 0,
+                "eagle": self.eagle is not None}
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The target's dtype (sets the lossless check's near-tie threshold)."""
+        return self.target.dtype
+
+    def parameter_count(self, part: str = "target") -> int:
+        """Parameters of the target or the draft (``part``), 0 when absent."""
+        model = self.target.model if part == "target" else getattr(self.draft, "model", None)
+        return sum(p.numel() for p in model.parameters()) if model is not None else 0
+
+    def unavailable_reason(self, method: str) -> str | None:
+        """Why ``method`` cannot run with the loaded models, or None when it can."""
+        info = METHODS.get(method)
+        if info is None:
+            return f"unknown method {method!r}"
+        parts = self.loaded_parts()
+        missing = [p for p in info.requires if not parts.get(p)]
+        if missing:
+            return MISSING_PART.get(missing[0], "no {part} is loaded for {target}").format(
+                target=self.target.name, part=missing[0])
+        return None
+
+    def available_methods(self) -> list[str]:
+        return [m for m in METHODS if self.unavailable_reason(m) is None]
+
+    def knob_defaults(self, method: str) -> dict:
+        """Knob values that replace the global defaults for ``method`` with the loaded models: for
+        draft_model, the ones saved with the draft (``draft_model.DRAFT_KNOBS_FILE``); else {}."""
+        if method == "draft_model" and self.draft is not None:
+            return dict(getattr(self.draft, "knob_defaults", None) or {})
+        return {}
+
+    def with_defaults(self, spec: MethodSpec) -> MethodSpec:
+        """``spec`` with :meth:`knob_defaults` filling the knobs it leaves unset (what runs)."""
+        return MethodSpec(spec.name, {**self.knob_defaults(spec.name), **spec.params})
+
+    def make_drafter(self, spec: MethodSpec) -> Drafter:
+        """A fresh drafter for ``spec`` (unset knobs: :meth:`knob_defaults`, then the global defaults).
+
+        Raises:
+            TypeError: ``spec`` is not a :class:`MethodSpec`.
+            ValueError: unknown method, bad knob, or a method that cannot run here.
+        """
+        if not isinstance(spec, MethodSpec):
+            raise TypeError(f"methods are given as MethodSpec(name, params), got {type(spec).__name__}")
+        params = self.with_defaults(spec).checked_params()
+        reason = self.unavailable_reason(spec.name)
+        if reason:
+            raise ValueError(f"{spec.name} is unavailable: {reason}")
+        return METHODS[spec.name].build(self, params)
+
+    # ----- state kept across runs -------------------------------------------------------------
+    def persistent(self, key: str, factory: Callable[[], Any]) -> Any:
+        """The object kept under ``key`` for this engine's lifetime, made by ``factory()`` on first use.
+
+        One-time calibrations (Medusa's ``auto`` tree, the verify-cost curve) and state that
+        learns across runs (suffix decoding's global cache) live here. ``factory`` runs once,
+        under the engine's step lock, even when several threads ask at once.
+        """
+        with self._persistent_lock:
+            if key not in self._persistent:
+                with self._lock:
+                    self._persistent[key] = factory()
+            return self._persistent[key]
+
+    def has_persistent(self, key: str) -> bool:
+        """Whether :meth:`persistent` has made the object under ``key`` (e.g. a calibration ran)."""
+        return key in self._persistent
+
+    def forget(self, prefix: str = "") -> None:
+        """Drop the persistent state whose key starts with ``prefix`` (all when empty); the benchmark
+        calls it after warm-up so that no method learns from warm-up output."""
+        with self._persistent_lock:
+            for key in [k for k in self._persistent if k.startswith(prefix)]:
+                del self._persistent[key]
+
+    def exclusive(self):
+        """A context manager holding the step lock (no method steps while it is held): for swapping
+        models between steps or timing the device."""
+        return self._lock
+
+    def verify_cost(self, sizes=None):
+        """This device's measured cost of one target pass over n tokens relative to one
+        (:class:`~playground.engine.theory.VerifyCost`), measured once per engine (under the lock).
+        ``sizes`` given: measured afresh at those sizes, not kept."""
+        from .theory import measure_verify_cost
+
+        if sizes is not None:
+            with self._lock:
+                return measure_verify_cost(self.target, sizes)
+        return self.persistent("verify_cost", lambda: measure_verify_cost(self.target))
+
+    def replace_models(self, other: "Engine") -> None:
+        """Take ``other``'s models (a preset switch), between two steps of any run in flight."""
+        with self._lock:
+            for name in ("target", "draft", "target_lm", "draft_lm", "medusa", "draft_medusa", "eagle"):
+                setattr(self, name, getattr(other, name))
+            self.forget()
+
+    # ----- prompts ----------------------------------------------------------------------------
+    def encode_prompt(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
+        """Token ids of a prompt, with the target's chat template applied when it has one.
+
+        Args:
+            prompt: a user message, or a whole conversation as ``[{"role", "content"}, ...]``.
+            chat: apply the chat template (False: plain text, e.g. code completion).
+
+        Raises:
+            TypeError: ``prompt`` is neither text nor a list of messages.
+            ValueError: empty prompt, or a prompt longer than the target's context.
+        """
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ValueError("the prompt is empty: type something to generate from")
+            messages = [{"role": "user", "content": prompt}]
+        elif isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
+            messages = prompt
+            if not messages or not str(messages[-1].get("content", "")).strip():
+                raise ValueError("the prompt is empty: type something to generate from")
+        else:
+            raise TypeError(f"prompt must be text or a list of {{'role', 'content'}} messages, got "
+                            f"{type(prompt).__name__}")
+        tok = self.target.tokenizer
+        if chat and getattr(tok, "chat_template", None):
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            ids = ids[0].tolist()
+        else:
+            ids = tok("\n".join(m["content"] for m in messages), add_special_tokens=True)["input_ids"]
+        ctx = self.target.context_length
+        if len(ids) >= ctx:
+            raise ValueError(f"the prompt is {len(ids)} tokens, longer than the model's context of {ctx} tokens")
+        return ids
+
+    def decode_text(self, ids: list[int]) -> str:
+        """The text of token ids (special tokens dropped)."""
+        return self.target.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # ----- runs -------------------------------------------------------------------------------
+    def check_prompt_ids(self, prompt_ids) -> list[int]:
+        """``prompt_ids`` as a list of ints, checked against the target's vocabulary.
+
+        Any 1-D sequence of integers is accepted: a list, a tuple, a 1-D tensor or array.
+
+        Raises:
+            TypeError: text, booleans, or anything but integer token ids (encode text with
+                :meth:`encode_prompt` first).
+            ValueError: an empty prompt, or an id outside ``[0, vocab_size)``.
+        """
+        if hasattr(prompt_ids, "tolist") and not isinstance(prompt_ids, (list, tuple)):
+            prompt_ids = prompt_ids.tolist()  # tensors and arrays
+            if not isinstance(prompt_ids, list):
+                prompt_ids = [prompt_ids]
+        if isinstance(prompt_ids, (str, bytes, dict)) or not hasattr(prompt_ids, "__iter__"):
+            raise TypeError("prompt_ids must be a list of integer token ids (or a tuple, 1-D tensor or array): "
+                            "encode text with Engine.encode_prompt first")
+        ids = list(prompt_ids)
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+            raise TypeError("prompt_ids must be a list of integer token ids (or a tuple, 1-D tensor or array): "
+                            "encode text with Engine.encode_prompt first")
+        if not ids:
+            raise ValueError("the prompt is empty: type something to generate from")
+        vocab = self.target.model.get_input_embeddings().num_embeddings
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the target's vocabulary of {vocab} tokens")
+        return [int(t) for t in ids]
+
+    def _check_run(self, prompt_ids, specs, settings) -> tuple[list[int], list[Drafter]]:
+        """Everything a run checks before its first step; returns the ids and fresh drafters."""
+        if not isinstance(settings, GenerationSettings):
+            raise TypeError(f"settings must be GenerationSettings, got {type(settings).__name__}")
+        if isinstance(specs, (str, MethodSpec)) or not isinstance(specs, (list, tuple)):
+            raise TypeError("specs must be a list of MethodSpec")
+        if not specs:
+            raise ValueError("choose at least one method")
+        names = [getattr(s, "name", None) for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"each method can run once per comparison, got {names}")
+        prompt_ids = self.check_prompt_ids(prompt_ids)
+        ctx = self.target.context_length
+        if len(prompt_ids) + settings.max_new_tokens > ctx:
+            raise ValueError(f"the prompt is {len(prompt_ids)} tokens; with max_new_tokens={settings.max_new_tokens} "
+                             f"it exceeds the model's context of {ctx} tokens")
+        return prompt_ids, [self.make_drafter(s) for s in specs]
+
+    def run_one(self, prompt_ids, spec: MethodSpec, settings: GenerationSettings,
+                cancel: threading.Event | None = None) -> Iterator[StepEvent]:
+        """Events of one method on one prompt (each step holds the engine's lock).
+
+        Raises:
+            TypeError, ValueError: as :meth:`run`; raised at the call, before any step runs.
+        """
+        prompt_ids, (drafter,) = self._check_run(prompt_ids, [spec], settings)
+        return self._steps(prompt_ids, spec.name, drafter, settings, cancel)
+
+    def _steps(self, prompt_ids: list[int], method: str, drafter: Drafter, settings: GenerationSettings,
+               cancel: threading.Event | None) -> Iterator[StepEvent]:
+        """The events of ``drafter`` on checked ``prompt_ids``, each step under the engine's lock."""
+        gen = decode(self.target_lm, drafter, prompt_ids, settings, eos_token_ids=self.target.eos_token_ids,
+                     tokenizer=self.target.tokenizer, context_length=self.target.context_length,
+                     cancel=cancel, method=method)
+        while True:
+            with self._lock:
+                event = next(gen, None)
+            if event is None:
+                return
+            yield event
+
+    def run(self, prompt_ids, specs: list[MethodSpec], settings: GenerationSettings,
+            cancel: threading.Event | None = None) -> Iterator[StepEvent]:
+        """Run several methods side by side, round-robin, one step each in turn.
+
+        Args:
+            prompt_ids: ``(prompt_len,)`` token ids (see :meth:`encode_prompt`): any 1-D sequence
+                of ints (list, tuple, tensor, array).
+            specs: the methods to run (distinct names).
+            settings: shared generation settings (every method gets the same seed).
+            cancel: set it to stop every method before its next step.
+
+        Returns:
+            An iterator of each method's :class:`StepEvent` in turn until all have finished.
+
+        Raises:
+            ValueError: no method, duplicate methods, bad knobs, an unavailable method, an
+                empty prompt, a token id outside the vocabulary, or a prompt that does not fit
+                the context; raised at the call, before any step runs.
+            TypeError: ``prompt_ids`` is not a sequence of integer ids (e.g. text), ``specs``
+                not a list of :class:`MethodSpec`, ``settings`` not :class:`GenerationSettings`.
+        """
+        prompt_ids, drafters = self._check_run(prompt_ids, specs, settings)
+        streams = [self._steps(prompt_ids, s.name, d, settings, cancel) for s, d in zip(specs, drafters)]
+        return self._round_robin(streams)
+
+    @staticmethod
+    def _round_robin(streams: list[Iterator[StepEvent]]) -> Iterator[StepEvent]:
+        while streams:
+            for stream in list(streams):
+                event = next(stream, None)
+                if event is None:
+                    streams.remove(stream)
+                    continue
+                yield event
+                if event.finished:
+                    streams.remove(stream)

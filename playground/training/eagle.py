@@ -1,0 +1,502 @@
+"""Train an EAGLE-3 head for a Llama-architecture target on the target's own answers.
+
+    python -m playground.training.eagle --target default --data data/selfgen/default \\
+        --out assets/eagle/default
+
+Recipe (Li et al. 2025, EAGLE-3; the reference implementation's ``traineagle3``):
+
+1. **Data**: conversations the target wrote itself (:mod:`playground.training.tasks` chunks, or
+   :mod:`playground.training.data` JSON Lines), committed as token ids. A deterministic share of
+   the records is held out.
+2. **Draft vocabulary**: the ``draft_vocab_size`` most frequent answer tokens (end-of-turn ids
+   always in), with vLLM's ``d2t`` / ``t2d`` maps.
+3. **Teacher forcing**: one pass of the target over every record gives its features at the
+   three layers the head reads and its final hidden state (forward hooks; cached per data chunk
+   in ``--cache``, an ignored folder; never committed).
+4. **Training-time test**: the head is unrolled ``--ttt-steps`` times over every position at once
+   (:meth:`EagleHead.unrolled`); step j reads its own previous outputs and predicts the token
+   j + 2 ahead. The loss of step j is the cross-entropy against the target's next-token
+   distribution restricted to the draft vocabulary (softmax over those ids), on answer positions
+   whose target argmax is in the draft vocabulary, weighted ``0.8 ** j``. AdamW, warm-up then
+   cosine decay, gradients clipped. The output layer starts from the target's own output rows of
+   the draft ids and the final norm from the target's, so little data goes far.
+5. **Held-out acceptance per depth**: the share of held-out answer positions where the unrolled
+   draft's top-1 equals the target's top-1 at every depth up to d (a chain's acceptance), saved
+   in ``recipe.json`` with the command, data, timings and machine.
+
+Resume: the trainer state is saved every ``--save-every`` steps in ``--state`` and resumed from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import math
+import platform
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from playground.training.cli import HelpFormatter, int_at_least
+
+LOSS_DECAY = 0.8
+"""Weight of unrolled step j is ``LOSS_DECAY ** j`` (EAGLE-3's reference)."""
+
+
+def read_records(sources: list[str | Path]) -> list[dict]:
+    """Records ``{"input_ids", "prompt_len", "chunk"}`` from chunk folders (``chunk_*.jsonl.gz``),
+    ``.jsonl.gz`` or ``.jsonl`` files, in a stable order; ``chunk`` names the file a record came from."""
+    out = []
+    for src in sources:
+        p = Path(src)
+        files = sorted(p.glob("chunk_*.jsonl.gz")) if p.is_dir() else [p]
+        for f in files:
+            opener = gzip.open if f.suffix == ".gz" else open
+            with opener(f, "rt") as fh:
+                for line in fh:
+                    if line.strip():
+                        r = json.loads(line)
+                        out.append({"input_ids": r["input_ids"], "prompt_len": int(r["prompt_len"]),
+                                    "category": r.get("category", ""), "chunk": str(f)})
+    return out
+
+
+def split_held_out(records: list[dict], share: float, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """Deterministic split by a hash of each record's ids (stable as data grows)."""
+    train, held = [], []
+    for r in records:
+        h = int(hashlib.sha1(json.dumps(r["input_ids"][:64]).encode()).hexdigest()[:8], 16)
+        (held if (h % 10_000) < share * 10_000 else train).append(r)
+    return train, held
+
+
+def draft_vocabulary(records: list[dict], size: int, vocab_size: int, always: list[int]) -> tuple[torch.Tensor, float]:
+    """The ``size`` most frequent answer tokens (plus ``always``), sorted; and their share of answer tokens."""
+    counts = Counter()
+    for r in records:
+        counts.update(r["input_ids"][r["prompt_len"]:])
+    chosen = [t for t in always if 0 <= t < vocab_size]
+    for t, _ in counts.most_common():
+        if len(chosen) >= size:
+            break
+        if t not in chosen:
+            chosen.append(t)
+    rest = [t for t in range(vocab_size) if t not in set(chosen)]
+    chosen += rest[:size - len(chosen)]
+    total = sum(counts.values()) or 1
+    share = sum(counts[t] for t in chosen) / total
+    return torch.tensor(sorted(chosen), dtype=torch.long), share
+
+
+class Teacher:
+    """The target's features (the head's layers) and final hidden state for batches of records."""
+
+    def __init__(self, model, feature_layers):
+        self.model = model
+        decoder = model.get_decoder()
+        self.layers = tuple(feature_layers)
+        self.out: dict = {}
+        self.handles = []
+        n = len(decoder.layers)
+        for i in self.layers:  # numbered as the engine's capture_features: n = after the final norm
+            mod = decoder.embed_tokens if i == 0 else decoder.norm if i == n else decoder.layers[i - 1]
+            self.handles.append(mod.register_forward_hook(self._keep(i)))
+        self.handles.append(decoder.norm.register_forward_hook(self._keep("final")))
+
+    def _keep(self, key):
+        def hook(module, args, output):
+            self.out[key] = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    @torch.inference_mode()
+    def __call__(self, batch: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """For each id list: ``(features (L, 3H), final hidden (L, H))`` bfloat16 on the CPU."""
+        dev = next(self.model.parameters()).device
+        L = max(len(x) for x in batch)
+        ids = torch.zeros(len(batch), L, dtype=torch.long)
+        mask = torch.zeros(len(batch), L, dtype=torch.long)
+        for i, x in enumerate(batch):
+            ids[i, :len(x)] = torch.tensor(x)
+            mask[i, :len(x)] = 1
+        self.model.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), use_cache=False)
+        feats = torch.cat([self.out[i] for i in self.layers], -1).to("cpu", torch.bfloat16)
+        final = self.out["final"].to("cpu", torch.bfloat16)
+        return [(feats[i, :len(x)].clone(), final[i, :len(x)].clone()) for i, x in enumerate(batch)]
+
+
+def cache_features(teacher: Teacher, records: list[dict], cache_dir: Path, batch_tokens: int, log=print) -> None:
+    """Teacher-force every record whose features are not cached yet; one safetensors file per chunk."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    by_chunk: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        by_chunk.setdefault(r["chunk"], []).append(i)
+    todo = [c for c in by_chunk if not _cache_file(cache_dir, c).exists()]
+    total = sum(len(records[i]["input_ids"]) for c in todo for i in by_chunk[c])
+    done, t0 = 0, time.perf_counter()
+    bar = _bar(total, "teacher forcing")
+    for c in todo:
+        idx = sorted(by_chunk[c], key=lambda i: len(records[i]["input_ids"]))
+        tensors, start = {}, 0
+        while start < len(idx):
+            L = len(records[idx[start]]["input_ids"])
+            end = start + 1
+            while end < len(idx) and (end - start + 1) * len(records[idx[end]]["input_ids"]) <= batch_tokens:
+                end += 1
+            group = idx[start:end]
+            for i, (f, h) in zip(group, teacher([records[i]["input_ids"] for i in group])):
+                key = _record_key(records[i])
+                tensors[f"{key}.f"], tensors[f"{key}.h"] = f, h
+            n = sum(len(records[i]["input_ids"]) for i in group)
+            done += n
+            bar.update(n)
+            start = end
+        tmp = _cache_file(cache_dir, c).with_suffix(".tmp")
+        save_file(tensors, str(tmp))
+        tmp.rename(_cache_file(cache_dir, c))
+    bar.close()
+    if todo:
+        log(f"[eagle] teacher forcing: {done} tokens in {time.perf_counter() - t0:.0f} s "
+            f"({done / max(time.perf_counter() - t0, 1e-9):.0f} tokens/s)")
+
+
+def _cache_file(cache_dir: Path, chunk: str) -> Path:
+    return cache_dir / (hashlib.sha1(chunk.encode()).hexdigest()[:16] + ".safetensors")
+
+
+def _record_key(r: dict) -> str:
+    return hashlib.sha1(json.dumps(r["input_ids"]).encode()).hexdigest()[:20]
+
+
+def load_cached(records: list[dict], cache_dir: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    files: dict[str, dict] = {}
+    out = []
+    for r in records:
+        if r["chunk"] not in files:
+            files[r["chunk"]] = load_file(str(_cache_file(cache_dir, r["chunk"])))
+        key = _record_key(r)
+        out.append((files[r["chunk"]][f"{key}.f"], files[r["chunk"]][f"{key}.h"]))
+    return out
+
+
+def make_batch(items, records, steps: int, head, target_rows: torch.Tensor):
+    """Padded tensors for the unrolled loss.
+
+    Returns:
+        features ``(B, T, 3H)``, next_ids ``(B, T + steps - 1)``, final hidden ``(B, T + steps, H)``,
+        answer mask ``(B, T + steps + 1)`` (True where a token is an answer token in the draft vocabulary).
+    """
+    T = max(len(r["input_ids"]) for r in records) - 1
+    B = len(records)
+    H3, H = items[0][0].shape[-1], items[0][1].shape[-1]
+    feats = torch.zeros(B, T, H3)
+    final = torch.zeros(B, T + steps, H)
+    next_ids = torch.zeros(B, T + steps - 1, dtype=torch.long)
+    answer = torch.zeros(B, T + steps + 1, dtype=torch.bool)
+    for b, ((f, h), r) in enumerate(zip(items, records)):
+        L = len(r["input_ids"])
+        ids = torch.tensor(r["input_ids"])
+        feats[b, :L - 1] = f[:L - 1].float()
+        final[b, :L] = h.float()
+        next_ids[b, :L - 1] = ids[1:]
+        # an answer token counts when it is in the draft vocabulary (the answers are the target's greedy
+        # choices, so this is EAGLE-3's "target argmax in the draft vocabulary" without a full-vocab pass)
+        answer[b, r["prompt_len"]:L] = head.t2d[ids[r["prompt_len"]:]].cpu()
+    return feats, next_ids, final, answer
+
+
+def ttt_loss(head, feats, next_ids, final, answer, steps: int, target_rows: torch.Tensor, autocast: bool = False):
+    """EAGLE-3's training-time-test loss (see the module docstring) and per-step top-1 agreement.
+
+    Step j's row t predicts token t + j + 2, which the target predicts from its final hidden state
+    at position t + j + 1. Only scored positions go through the output layers (the draft's and the
+    target's rows of the draft vocabulary).
+
+    Returns:
+        ``(loss, per-step losses, per-step (top-1 hits, chain hits, positions))``; a chain hit at
+        step j means the draft's top-1 equalled the target's at steps 0..j of that position.
+    """
+    T = feats.shape[1]
+    ctx = torch.autocast(feats.device.type, dtype=torch.bfloat16) if autocast else _nullcontext()
+    # Steps after the first skip positions whose tokens ahead are all prompt tokens.
+    start = max(0, int(answer[:, :T + 2].float().argmax(1).min()) - 2 - steps)
+    with ctx:
+        outs = head.unrolled(feats, next_ids, steps, outputs=True, start=start)
+    losses, agree = [], []
+    chain = torch.ones(answer[:, :T].shape, dtype=torch.bool, device=feats.device)
+    for j, h in enumerate(outs):
+        mask = answer[:, j + 2:j + 2 + T].clone()  # token t + j + 2 is an answer token in the draft vocabulary
+        if j > 0 and start:
+            mask[:, :start] = False
+            h = torch.cat([h.new_zeros(h.shape[0], start, h.shape[2]), h], 1)
+        if not bool(mask.any()):
+            losses.append(h.sum() * 0.0)
+            agree.append((0.0, 0.0, 0.0))
+            chain &= mask
+            continue
+        with torch.no_grad():
+            tlog = final[:, j + 1:j + 1 + T][mask] @ target_rows.T  # (m, Dv): the target on the draft vocab
+            tp = torch.softmax(tlog, -1)
+        with ctx:
+            lg = head.logits(h[mask])
+        lp = torch.log_softmax(lg.float(), -1)
+        losses.append(-(tp * lp).sum(-1).mean())
+        with torch.no_grad():
+            hit = torch.zeros_like(mask)
+            hit[mask] = lg.argmax(-1) == tp.argmax(-1)
+            chain = chain & hit
+            agree.append((float(hit.sum()), float(chain.sum()), float(mask.sum())))
+    total = sum((LOSS_DECAY ** j) * l for j, l in enumerate(losses))
+    return total, [float(l.detach()) for l in losses], agree
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _bar(total: int, desc: str):
+    try:
+        from tqdm import tqdm
+        return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, mininterval=2.0)
+    except ImportError:  # pragma: no cover
+        class Plain:
+            def update(self, n): pass
+            def set_postfix_str(self, s): pass
+            def close(self): pass
+        return Plain()
+
+
+def batches(records: list[dict], batch_tokens: int, rng: random.Random) -> list[list[int]]:
+    """Index batches of similar length, at most ``batch_tokens`` padded tokens each, shuffled."""
+    idx = sorted(range(len(records)), key=lambda i: len(records[i]["input_ids"]))
+    out, cur = [], []
+    for i in idx:
+        if cur and (len(cur) + 1) * len(records[i]["input_ids"]) > batch_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    rng.shuffle(out)
+    return out
+
+
+def evaluate(head, items, records, steps, target_rows, batch_tokens) -> dict:
+    """Held-out top-1 agreement per depth (each depth alone, and as a chain: every depth up to d)."""
+    sums = [[0.0, 0.0, 0.0] for _ in range(steps)]
+    head.eval()
+    with torch.no_grad():
+        for group in batches(records, batch_tokens, random.Random(0)):
+            f, n, h, a = make_batch([items[i] for i in group], [records[i] for i in group], steps, head, target_rows)
+            _, _, agree = ttt_loss(head, f, n, h, a, steps, target_rows)
+            for j, (hit, ch, m) in enumerate(agree):
+                sums[j][0] += hit
+                sums[j][1] += ch
+                sums[j][2] += m
+    head.train()
+    per = [round(s[0] / max(s[2], 1), 4) for s in sums]
+    chain = [round(s[1] / max(sums[0][2], 1), 4) for s in sums]
+    return {"top1_per_depth": per, "chain_acceptance_per_depth": chain,
+            "expected_tokens_per_chain_step": round(1 + sum(chain), 3)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    pos = int_at_least(1)
+    p = argparse.ArgumentParser(prog="python -m playground.training.eagle", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
+    p.add_argument("--target", default="default", help="target: default, hub id, folder or .gguf (Llama architecture)")
+    p.add_argument("--data", nargs="+", default=["data/selfgen/default"],
+                   help="chunk folders (chunk_*.jsonl.gz) or conversation files (.jsonl, .jsonl.gz)")
+    p.add_argument("--out", type=Path, default=Path("artifacts/eagle/head"), help="folder for the trained head")
+    p.add_argument("--cache", type=Path, default=Path("artifacts/eagle_cache"),
+                   help="teacher features cache (ignored folder; recomputed when missing)")
+    p.add_argument("--state", type=Path, default=None,
+                   help="trainer state for resuming (default: OUT/../<name>.state.pt)")
+    p.add_argument("--draft-vocab-size", type=pos, default=8192, help="draft vocabulary size")
+    p.add_argument("--intermediate-size", type=pos, default=None, help="MLP width of the head (default: the target's)")
+    p.add_argument("--feature-layers", type=int, nargs=3, default=None,
+                   help="the target layers read (0 = embeddings; default vLLM's (2, n/2, n-3))")
+    p.add_argument("--ttt-steps", type=pos, default=5, help="unrolled draft steps (training-time test)")
+    p.add_argument("--epochs", type=float, default=4.0, help="passes over the training records")
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many optimiser steps (0: epochs decide)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
+    p.add_argument("--warmup", type=int, default=50, help="warm-up steps")
+    p.add_argument("--batch-tokens", type=pos, default=4096, help="padded tokens per training batch")
+    p.add_argument("--max-len", type=pos, default=640, help="records are cut to this many tokens")
+    p.add_argument("--held-out", type=float, default=0.03, help="share of records held out")
+    p.add_argument("--teacher-dtype", default="bfloat16", help="dtype of the teacher-forcing pass")
+    p.add_argument("--teacher-batch-tokens", type=pos, default=4096, help="tokens per teacher-forcing batch")
+    p.add_argument("--autocast", action="store_true", help="bfloat16 autocast for the head's matrix products")
+    p.add_argument("--time-budget", type=float, default=0.0,
+                   help="seconds for the whole run: every 10 steps the step count is fitted to the time left (0: none)")
+    p.add_argument("--save-every", type=pos, default=200, help="save the trainer state every N steps")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from playground.engine import EagleHead, ModelLoadError, load_model, resolve_device, save_eagle
+    from playground.engine import eagle_head_config as head_config
+
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    t_start = time.perf_counter()
+    records = [dict(r, input_ids=r["input_ids"][:args.max_len]) for r in read_records(args.data)]
+    records = [r for r in records if len(r["input_ids"]) > r["prompt_len"] + 1]
+    if not records:
+        print("error: no training records in --data", file=sys.stderr)
+        return 2
+    train, held = split_held_out(records, args.held_out, args.seed)
+    device = resolve_device(args.device)
+    try:
+        loaded = load_model(args.target, device=device, dtype=args.teacher_dtype)
+    except (ModelLoadError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    model = loaded.model.eval()
+    cfg = model.config.get_text_config()
+    if getattr(cfg, "model_type", "") not in ("llama", "mistral", "qwen2", "qwen3"):
+        print(f"warning: target model_type {cfg.model_type!r}; vLLM's eagle3 loader expects a Llama target",
+              file=sys.stderr)
+    state_path = args.state or args.out.parent / f"{args.out.name}.state.pt"
+    saved = torch.load(state_path, weights_only=False) if state_path.exists() else None
+    draft_ids, share = draft_vocabulary(train, args.draft_vocab_size, int(cfg.vocab_size), list(loaded.eos_token_ids))
+    if saved is not None and len(saved["draft_ids"]) == args.draft_vocab_size:
+        # Resuming (possibly on more data): keep the vocabulary the saved head was trained with.
+        draft_ids = saved["draft_ids"]
+        counts = Counter(t for r in train for t in r["input_ids"][r["prompt_len"]:])
+        share = sum(counts[int(t)] for t in draft_ids) / max(1, sum(counts.values()))
+    config = head_config(cfg, len(draft_ids), args.feature_layers, args.intermediate_size)
+    print(f"[eagle] {len(train)} training and {len(held)} held-out records "
+          f"({sum(len(r['input_ids']) - r['prompt_len'] for r in train)} answer tokens); draft vocabulary "
+          f"{len(draft_ids)} ids covers {share:.1%} of answer tokens; "
+          f"layers {config['eagle_aux_hidden_state_layer_ids']}")
+    layers_key = "-".join(map(str, config["eagle_aux_hidden_state_layer_ids"]))
+    key = "".join(c if c.isalnum() else "_" for c in f"{loaded.spec}_{args.teacher_dtype}_{layers_key}_{args.max_len}")
+    cache_dir = args.cache / key
+    teacher = Teacher(model, config["eagle_aux_hidden_state_layer_ids"])
+    t_tf = time.perf_counter()
+    cache_features(teacher, records, cache_dir, args.teacher_batch_tokens)
+    tf_s = time.perf_counter() - t_tf
+    # The head, warm-started from the target's output rows and final norm.
+    head = EagleHead(config, draft_ids).to(device)
+    out_emb = model.get_output_embeddings().weight.detach().float()
+    target_rows = out_emb[draft_ids.to(out_emb.device)].to(device)
+    with torch.no_grad():
+        head.lm_head.weight.copy_(target_rows)
+        head.norm.weight.copy_(model.get_decoder().norm.weight.detach().float())
+        for name, p in head.named_parameters():
+            if p.dim() == 2 and not name.startswith("lm_head"):
+                torch.nn.init.normal_(p, std=0.02)
+    emb = torch.nn.Embedding.from_pretrained(model.get_input_embeddings().weight.detach().float().to(device),
+                                             freeze=True)
+    head.attach_embedding(emb)
+    del teacher
+    train_items = load_cached(train, cache_dir)
+    held_items = load_cached(held, cache_dir)
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0,
+                            betas=(0.9, 0.95))
+    rng = random.Random(args.seed)
+    per_epoch = len(batches(train, args.batch_tokens, random.Random(0)))
+    total_steps = args.max_steps or max(1, int(per_epoch * args.epochs))
+    step = 0
+    if saved is not None:
+        st = saved
+        if st.get("config") == config and torch.equal(st["draft_ids"], draft_ids):
+            head.load_state_dict(st["head"])
+            opt.load_state_dict(st["opt"])
+            step = int(st["step"])
+            rng.setstate(st["rng"])
+            print(f"[eagle] resumed at step {step} from {state_path}")
+        else:
+            print(f"[eagle] {state_path} is for another config or vocabulary: starting afresh")
+
+    def lr_at(s):
+        if s < args.warmup:
+            return args.lr * (s + 1) / args.warmup
+        return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - args.warmup) / max(1, total_steps - args.warmup))))
+
+    bar = _bar(total_steps, "train")
+    bar.update(step)
+    head.train()
+    t_train, tokens_seen, ema, first_step = time.perf_counter(), 0, None, step
+    last_fit = (t_train, step)
+    queue: list[list[int]] = []
+    while step < total_steps:
+        if not queue:
+            queue = batches(train, args.batch_tokens, rng)
+        group = queue.pop()
+        f, n, h, a = make_batch([train_items[i] for i in group], [train[i] for i in group], args.ttt_steps, head,
+                                target_rows)
+        f, n, h, a = f.to(device), n.to(device), h.to(device), a.to(device)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        loss, parts, agree = ttt_loss(head, f, n, h, a, args.ttt_steps, target_rows, args.autocast)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
+        opt.step()
+        step += 1
+        tokens_seen += int(a.sum())
+        acc0 = agree[0][0] / max(agree[0][2], 1)
+        ema = acc0 if ema is None else 0.95 * ema + 0.05 * acc0
+        bar.update(1)
+        bar.set_postfix_str(f"loss {float(loss):.3f} top1@1 {ema:.3f}")
+        if args.time_budget and (step - first_step) % 10 == 0:
+            # Fit the schedule to the time left, every 10 steps from the pace of the last ones (a shared
+            # machine's pace changes), so the cosine decay ends when the budget does.
+            now = time.perf_counter()
+            per_step = (now - last_fit[0]) / max(1, step - last_fit[1])
+            last_fit = (now, step)
+            left = args.time_budget - (now - t_start)
+            fitted = max(step + 1, step + int(left / per_step))
+            if args.max_steps:
+                fitted = min(fitted, args.max_steps)
+            if fitted != total_steps:
+                total_steps = fitted
+                bar.total = total_steps
+                print(f"\n[eagle] {per_step:.1f} s a step: {total_steps} steps fit the time budget", file=sys.stderr)
+        if step % args.save_every == 0 or step == total_steps:
+            state_path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "rng": rng.getstate(),
+                        "config": config, "draft_ids": draft_ids}, state_path)
+    bar.close()
+    train_s = time.perf_counter() - t_train
+    metrics = evaluate(head, held_items, held, args.ttt_steps, target_rows, args.batch_tokens)
+    print(f"[eagle] held-out top-1 per depth {metrics['top1_per_depth']}; chain acceptance "
+          f"{metrics['chain_acceptance_per_depth']}")
+    recipe = {
+        "command": "python -m playground.training.eagle " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "target": loaded.spec, "data": sorted({r["chunk"] for r in records}), "records": len(train),
+        "held_out_records": len(held),
+        "answer_tokens": sum(len(r["input_ids"]) - r["prompt_len"] for r in train),
+        "draft_vocab_coverage": round(share, 4), "ttt_steps": args.ttt_steps, "loss_decay": LOSS_DECAY,
+        "epochs": args.epochs, "steps": total_steps, "time_budget_s": args.time_budget, "lr": args.lr,
+        "batch_tokens": args.batch_tokens,
+        "max_len": args.max_len, "teacher_dtype": args.teacher_dtype, "held_out": metrics,
+        "teacher_forcing_s": round(tf_s, 1), "train_s": round(train_s, 1),
+        "total_s": round(time.perf_counter() - t_start, 1),
+        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, {device}",
+        "torch": torch.__version__,
+    }
+    save_eagle(head.cpu(), args.out, recipe=recipe)
+    print(f"[eagle] saved {args.out} ({(args.out / 'model.safetensors').stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""Training data that lasts: the target's own answers to requests spread over the playground's kinds of work.
+
+The Magpie generator (:mod:`playground.training.data`) lets the target write chatty requests;
+left to itself a 135M model asks for advice and little else. This generator steers it over the
+tasks people run in the playground: chat, instructions and writing, role-play, reasoning, code,
+maths word problems, science and humanities questions, and the tasks over a given passage
+(summaries, extraction, question answering, translation), and answers every request with the
+target itself (greedy, as the lossless methods are benchmarked).
+
+One *round* (three batched ``generate`` calls, ``batch_size`` rows each or twice that):
+
+1. **Passages**: the target writes short texts from ``PASSAGE_KINDS`` x ``TOPICS`` (our own
+   lists, no benchmark text): "Write a short news article about a flood in a mountain village."
+   Each answer is itself a record (category ``writing``) and becomes a passage for step 3.
+2. **Requests** (sampled, temperature 1, top-k 100): Magpie user turns under a category's
+   system prompt, started with one of that category's opening words (``CATEGORIES``); and, for
+   passage questions, the user turn ``"<passage>\\n\\nQuestion:"`` continued by the target.
+3. **Answers** (greedy): the requests of step 2, plus requests built over the passages of step 1
+   from our own instruction templates: summarise, extract, translate into German/French/Spanish,
+   and translate the German answers of the previous round back into English.
+
+Each round is written as one gzip-compressed JSON Lines chunk,
+``<out>/chunk_<round>.jsonl.gz``, records ``{"category", "input_ids", "prompt_len"}`` (the
+chat-templated prompt followed by the answer ids, the end-of-turn id included when the target
+produced it). Ids only: hidden states are recomputed by one teacher-forced pass. A killed run
+loses at most the round in progress; a rerun continues with the next round number (its seed).
+
+    python -m playground.training.tasks --out data/selfgen/default --rounds 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from playground.training.cli import HelpFormatter, int_at_least
+from playground.training.data import QUESTION_TOP_K, magpie_prefix
+
+TOPICS = (
+    "a flood in a mountain village", "a new public library", "electric buses", "a local football final",
+    "a bakery that opened downtown", "the discovery of a new comet", "a school science fair", "honeybees",
+    "a power outage in a large city", "a jazz festival", "recycling plastic", "a marathon in the rain",
+    "a startup that makes solar roofs", "an old lighthouse", "remote work", "a volcano erupting on an island",
+    "a farmers' market", "a lost dog that found its way home", "the history of the bicycle", "coral reefs",
+    "a chess tournament for children", "a train delayed by snow", "a museum of ancient coins",
+    "a new vaccine trial", "city parks", "the price of coffee", "a robot that sorts mail", "a drought",
+    "an art exhibition of paper sculptures", "a mobile phone launch", "the northern lights", "desert plants",
+    "a bridge being rebuilt", "a community garden", "online privacy", "a hospital that opened a new wing",
+    "wind farms at sea", "a cooking competition", "the life of a medieval blacksmith", "migrating birds",
+    "a tech company's quarterly results", "a strike by airport workers", "learning a second language",
+    "a hiking trail in the Alps", "the invention of the printing press", "a summer heatwave",
+    "a local election", "an earthquake drill at a school", "space tourism", "a family restaurant",
+    "octopuses", "a river cleanup", "video game design", "a new subway line", "the water cycle",
+    "a violin maker", "a snowstorm", "a charity run", "3D printing", "an ancient castle", "sleep and health",
+    "a small island's fishing industry", "a teenager who built a telescope", "the stock market",
+    "a university research lab", "a forest fire", "tea ceremonies", "a new smartphone app for farmers",
+)
+"""Subjects of the passages (our own list)."""
+
+PASSAGE_KINDS = (
+    "Write a short news article about {topic}.", "Write a paragraph explaining {topic}.",
+    "Write a short story about {topic}.", "Write a blog post about {topic}.",
+    "Write a short report about {topic}.", "Write an email to a friend about {topic}.",
+    "Write a product description related to {topic}.", "Describe {topic} in a few paragraphs.",
+    "Write a review of {topic}.", "Write a short essay about {topic}.",
+)
+"""Instructions that make the passages (each answer is also a ``writing`` record)."""
+
+CATEGORIES = {
+    "chat": ("You are a helpful AI assistant.",
+             ("", "", "Can you", "I", "What", "How", "Do you", "Hi, I")),
+    "instruction": ("You are a helpful AI assistant.",
+                    ("Write", "Compose", "Draft", "Create", "Describe", "List", "Give me", "Suggest", "Design",
+                     "Plan", "Rewrite", "Outline")),
+    "roleplay": ("You are a creative assistant who plays characters.",
+                 ("Pretend to be", "Imagine you are", "Act as", "You are", "Roleplay as")),
+    "reasoning": ("You are a careful assistant who reasons step by step.",
+                  ("If", "Suppose", "Imagine", "Which", "A man", "There are", "Why")),
+    "code": ("You are an expert Python programmer who writes clear, correct code.",
+             ("Write a Python function", "Implement", "Write a program", "Write a function", "Fix this code:",
+              "How do I", "Explain this code:", "Write a SQL query", "Create a class")),
+    "math": ("You are a patient maths tutor who explains step by step.",
+             ("Solve", "Calculate", "Find", "What is", "Prove", "A store", "A train", "John has", "Sarah buys",
+              "If a", "A farmer", "Tom")),
+    "stem": ("You are a knowledgeable assistant who explains science and technology.",
+             ("Explain", "What is", "How does", "Why do", "Describe")),
+    "humanities": ("You are a knowledgeable assistant who answers questions about history, society and culture.",
+                   ("Explain", "What", "Discuss", "Compare", "How did", "Why did")),
+    "qa": ("You are a helpful AI assistant.", ("Who", "When", "Where", "What", "Which", "How many")),
+}
+"""Magpie categories: the system prompt that steers the request and the words it starts with."""
+
+OVER_PASSAGE = {
+    "summary": ("Summarize: {p}", "Summarize the following text in a few sentences.\n\n{p}",
+                "Write a one-paragraph summary of this article:\n\n{p}", "{p}\n\nTL;DR:",
+                "Give a short summary of the text below.\n\n{p}"),
+    "extraction": ("Extract all the names, places and numbers mentioned in the following text.\n\n{p}",
+                   "List the key facts in this text as bullet points.\n\n{p}",
+                   "From the text below, extract the main events in order, as JSON.\n\n{p}",
+                   "Read the text and rate its tone from 1 (negative) to 5 (positive); explain briefly.\n\n{p}",
+                   "Identify the people and organisations in this passage and what each did.\n\n{p}"),
+    "translation": ("Translate into German: {s}", "Translate English to French: {s}",
+                    "Translate the following sentence into Spanish: {s}", "Translate English to German: {s}"),
+}
+"""Requests over a passage (our own templates); ``{s}`` is its first one or two sentences."""
+
+BACK_TRANSLATION = ("Translate German to English: {s}", "Translate this German text into English: {s}")
+"""Requests that turn the previous round's German answers back into English."""
+
+QA_PREFIX = "Answer the question using the passage below.\n\nPassage: {p}\n\nQuestion:"
+"""Passage question answering: the target continues this user turn with a question."""
+
+
+def _sentences(text: str, n: int) -> str:
+    parts = [s.strip() for s in text.replace("\n", " ").split(". ") if s.strip()]
+    return ". ".join(parts[:n]).rstrip(".") + "." if parts else text
+
+
+def _generate(model, tokenizer, texts: list[str], max_new_tokens: int, sample: bool, stop_ids: list[int],
+              seed: int) -> list[list[int]]:
+    """Batched, left-padded ``generate``: each row's new ids, cut after its first stop id."""
+    tokenizer.padding_side = "left"
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    torch.manual_seed(seed)
+    kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=QUESTION_TOP_K) if sample else dict(do_sample=False)
+    with torch.inference_mode():
+        out = model.generate(**batch, max_new_tokens=max_new_tokens, eos_token_id=stop_ids,
+                             pad_token_id=tokenizer.pad_token_id, **kwargs)
+    rows = []
+    for row in out[:, batch["input_ids"].shape[1]:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in stop_ids), len(row))
+        rows.append(row[:cut])
+    return rows
+
+
+def chunk_path(out: Path, round_index: int) -> Path:
+    return out / f"chunk_{round_index:05d}.jsonl.gz"
+
+
+def read_chunks(out: str | Path) -> list[dict]:
+    """Every record of every chunk under ``out`` (in round order)."""
+    records = []
+    for path in sorted(Path(out).glob("chunk_*.jsonl.gz")):
+        with gzip.open(path, "rt") as f:
+            records.extend(json.loads(line) for line in f if line.strip())
+    return records
+
+
+def generate_round(model, tokenizer, round_index: int, *, batch_size: int, answer_tokens: int,
+                   question_tokens: int, stop_ids: list[int], seed: int, carry: list[str]) -> list[dict]:
+    """One round (see the module docstring): about ``3 * batch_size`` records. ``carry`` holds German
+    texts from the previous round (consumed) and receives this round's."""
+    rng = random.Random(seed * 100_003 + round_index)
+    s = seed * 100_003 + round_index
+    chat = lambda msgs: tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    # 1. Passages.
+    asks = [rng.choice(PASSAGE_KINDS).format(topic=rng.choice(TOPICS)) for _ in range(batch_size)]
+    prompts = [chat([{"role": "user", "content": a}]) for a in asks]
+    passages_ids = _generate(model, tokenizer, prompts, answer_tokens, False, stop_ids, s)
+    records = [("writing", p, ids) for p, ids in zip(prompts, passages_ids)]
+    passages = [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in passages_ids]
+    passages = [p for p in passages if len(p) > 200]
+    # 2. Requests: Magpie per category, and questions over passages.
+    cats = [rng.choice(list(CATEGORIES)) for _ in range(batch_size)]
+    starts = [rng.choice(CATEGORIES[c][1]) for c in cats]
+    q_texts = [magpie_prefix(tokenizer, CATEGORIES[c][0]) + o for c, o in zip(cats, starts)]
+    qa_passages = passages[: max(1, len(passages) // 4)]
+    q_texts += [magpie_prefix(tokenizer, None) + QA_PREFIX.format(p=p) for p in qa_passages]
+    q_ids = _generate(model, tokenizer, q_texts, question_tokens, True, stop_ids, s + 1)
+    requests = []  # (category, system or None, user text)
+    for i, row in enumerate(q_ids):
+        if not row or row[-1] not in stop_ids:
+            continue
+        text = tokenizer.decode([t for t in row if t not in stop_ids], skip_special_tokens=True)
+        if i < batch_size:
+            q = (starts[i] + text).strip()
+            if len(q) >= 12:
+                requests.append((cats[i], CATEGORIES[cats[i]][0], q))
+        elif len(text.strip()) >= 8:
+            requests.append(("rag", None, QA_PREFIX.format(p=qa_passages[i - batch_size]) + text))
+    # 3. Requests over the passages, and back-translations.
+    for p in passages[len(qa_passages):]:
+        kind = rng.choice(("summary", "summary", "extraction", "translation"))
+        template = rng.choice(OVER_PASSAGE[kind])
+        requests.append((kind, None, template.format(p=p, s=_sentences(p, rng.choice((1, 2))))))
+    while carry:
+        requests.append(("translation", None, rng.choice(BACK_TRANSLATION).format(s=carry.pop())))
+    prompts = [chat(([{"role": "system", "content": sys_}] if sys_ else []) + [{"role": "user", "content": u}])
+               for _, sys_, u in requests]
+    answers = _generate(model, tokenizer, prompts, answer_tokens, False, stop_ids, s + 2) if prompts else []
+    for (cat, _, u), p, ids in zip(requests, prompts, answers):
+        records.append((cat, p, ids))
+        if cat == "translation" and ("into German" in u or "to German" in u):
+            german = tokenizer.decode(ids, skip_special_tokens=True).strip()
+            if 20 < len(german) < 400:
+                carry.append(german)
+    out = []
+    for cat, p, ids in records:
+        p_ids = tokenizer(p, add_special_tokens=False)["input_ids"]
+        if ids:
+            out.append({"category": cat, "input_ids": p_ids + ids, "prompt_len": len(p_ids)})
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    positive = int_at_least(1)
+    p = argparse.ArgumentParser(prog="python -m playground.training.tasks", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
+    p.add_argument("--target", default="default", help="target model: default, hub id, folder or .gguf")
+    p.add_argument("--out", required=True, type=Path, help="folder of chunk_<round>.jsonl.gz files (resumed)")
+    p.add_argument("--rounds", type=positive, default=1000, help="rounds wanted in the folder")
+    p.add_argument("--batch-size", type=positive, default=32, help="rows per generate call (steps 1 and 2)")
+    p.add_argument("--answer-tokens", type=positive, default=192, help="most tokens of an answer")
+    p.add_argument("--question-tokens", type=int_at_least(13), default=56, help="most tokens of a request")
+    p.add_argument("--seed", type=int, default=0, help="base seed (round r uses it with r)")
+    p.add_argument("--device", default="auto", help="device for the target: auto, cpu, cuda, cuda:N or mps")
+    p.add_argument("--dtype", default="bfloat16", help="target dtype (auto, float32, bfloat16, float16)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from playground.engine import ModelLoadError, load_model
+
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    try:
+        loaded = load_model(args.target, device=args.device, dtype=args.dtype)
+    except (ModelLoadError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    model, tok = loaded.model.eval(), loaded.tokenizer
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    stop_ids = list(loaded.eos_token_ids) or [tok.eos_token_id]
+    args.out.mkdir(parents=True, exist_ok=True)
+    done = sorted(int(p.name[6:11]) for p in args.out.glob("chunk_*.jsonl.gz"))
+    r = (done[-1] + 1) if done else 0
+    carry: list[str] = []
+    start, tokens = time.perf_counter(), 0
+    while r < args.rounds:
+        t0 = time.perf_counter()
+        records = generate_round(model, tok, r, batch_size=args.batch_size, answer_tokens=args.answer_tokens,
+                                 question_tokens=args.question_tokens, stop_ids=stop_ids, seed=args.seed, carry=carry)
+        path = chunk_path(args.out, r)
+        tmp = path.with_suffix(".tmp")
+        with gzip.open(tmp, "wt") as f:
+            for rec in records:
+                f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        tmp.rename(path)
+        new = sum(len(x["input_ids"]) - x["prompt_len"] for x in records)
+        tokens += new
+        print(f"[tasks] round {r}: {len(records)} records, {new} answer tokens in {time.perf_counter() - t0:.0f} s; "
+              f"{tokens / (time.perf_counter() - start):.0f} answer tokens/s overall", flush=True)
+        r += 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

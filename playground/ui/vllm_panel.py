@@ -1,0 +1,198 @@
+"""The page's vLLM tab: the same prompt served by vLLM, one server per method (docs/vllm.md).
+
+Shown when ``app.py`` gets ``--vllm`` (servers started here from ``.venv-vllm`` when the user
+presses *Start vLLM servers*) or ``--vllm-url NAME=URL`` (servers already running). Each method's
+panel streams its answer through the OpenAI API; when the answer is complete the tokens are
+coloured by source from vLLM's per-request speculative-decoding metrics, with the statistics of
+the built-in panels (tokens/s, speedup, tau, alpha, TTFT, per-position acceptance) and a lossless
+check against vLLM's own baseline. Methods run one after another, the baseline first (the
+servers share this machine's cores). Times are client times of HTTP requests (see
+:data:`playground.backends.vllm.bench.TIMING`). Stop closes the stream; vLLM aborts the request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import threading
+from dataclasses import dataclass, field
+
+import gradio as gr
+
+from playground.backends.vllm import methods as vm
+from playground.backends.vllm.bench import TIMING
+from playground.backends.vllm.client import VLLMError
+from playground.backends.vllm.runner import Sampling, run_completion
+from playground.backends.vllm.server import ServerPool, VLLMServerError, parse_vllm_urls
+
+from . import render
+
+MAX_NEW_TOKENS = 256
+"""Most new tokens the tab asks for (its slider's maximum)."""
+
+
+@dataclass
+class VLLMSession:
+    """The vLLM servers of one app: attached ones, and those started here on demand (stopped at exit).
+
+    Args:
+        target: the playground target spec the servers run.
+        attached: ``{method: url}`` from ``--vllm-url``.
+    """
+
+    target: str = "default"
+    attached: dict = field(default_factory=dict)
+    pool: ServerPool | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "VLLMSession | None":
+        """The session app.py's arguments ask for (None: no vLLM tab).
+
+        Raises:
+            ValueError: a malformed ``--vllm-url``.
+        """
+        if not (getattr(args, "vllm", False) or getattr(args, "vllm_url", None)):
+            return None
+        return cls(getattr(args, "target", "default"), parse_vllm_urls(args.vllm_url))
+
+    def methods(self) -> list[str]:
+        """Methods the tab offers: the supported ones and any attached."""
+        return list(dict.fromkeys(list(vm.SUPPORTED) + list(self.attached)))
+
+    def start(self, methods: list[str], progress=None) -> dict:
+        """Start (once) the servers of ``methods`` that are not attached; returns the endpoints.
+
+        Raises:
+            VLLMServerError, VLLMError, ValueError: as :class:`ServerPool` and :func:`.methods.server_configs`.
+        """
+        with self.lock:
+            if self.pool is None:
+                local = [m for m in methods if m not in self.attached]
+                self.pool = ServerPool(vm.server_configs(local, target=self.target) if local else [], self.attached,
+                                       progress=progress)
+                try:
+                    self.pool.start()
+                except BaseException:
+                    self.pool = None
+                    raise
+            return self.pool.endpoints
+
+
+def token_pieces(tokenizer, ids: list[int], sources: list[str]) -> list[tuple[str, str]]:
+    """``(text, source)`` per token by incremental decoding (a character split across tokens goes
+    to the token that completes it)."""
+    pieces, prev = [], ""
+    for i, src in enumerate(sources[:len(ids)]):
+        text = tokenizer.decode(ids[:i + 1], skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            pieces.append(("", src))
+            continue
+        pieces.append((text[len(prev):], src))
+        prev = text
+    return pieces
+
+
+def stats_markdown(stats: dict, baseline_tps: float | None, is_baseline: bool) -> str:
+    """The built-in panels' stats line for a vLLM record, plus per-position acceptance and server time."""
+    line = render.stats_line({"new_tokens": stats["new_tokens"], "steps": stats["steps"],
+                              "tokens_per_s": stats["tokens_per_s"], "tau": stats["mean_accepted_tokens"],
+                              "alpha": stats["acceptance_rate"], "ttft_s": stats["ttft_s"]},
+                             baseline_tokens_per_s=baseline_tps, is_baseline=is_baseline,
+                             finish_reason=stats["finish_reason"])
+    if stats.get("proposed_at"):
+        rates = [a / p if p else 0.0 for a, p in zip(stats["accepted_at"], stats["proposed_at"])]
+        line += " · per position " + ", ".join(f"{100 * r:.0f}%" for r in rates[:8])
+    if stats.get("server_generation_s") is not None:
+        line += f" · server {stats['server_generation_s'] + (stats.get('server_ttft_s') or 0):.2f} s"
+    return line
+
+
+def lossless_badge(base: dict, stats: dict) -> str:
+    """Badge comparing a method's output with vLLM's baseline (near-ties classified as the engine does)."""
+    from playground.engine import check_lossless
+
+    check = check_lossless(base["output_ids"], base["margins"], stats["output_ids"])
+    if check.matched:
+        return render.badge("match", "same tokens as vLLM's baseline")
+    where = f"first difference at token {check.position}"
+    if check.near_tie:
+        return render.badge("near_tie", f"{where}, a near-tie (margin {check.baseline_margin:.2g})")
+    return render.badge("mismatch", where)
+
+
+def build(session: VLLMSession, engine) -> None:
+    """Lay out the vLLM tab inside the current Blocks/Tab (``engine`` builds the prompts: its
+    tokenizer and chat template, as the built-in panels use)."""
+    methods = session.methods()
+    gr.Markdown("Every method on its own vLLM server (docs/vllm.md). " + html.escape(TIMING.capitalize()) + ".")
+    with gr.Row():
+        chosen = gr.CheckboxGroup(methods, value=[m for m in methods if m in vm.SUPPORTED], label="Methods",
+                                  elem_id="vllm-methods")
+        start = gr.Button("Start vLLM servers", elem_id="vllm-start")
+    status = gr.HTML(render.status_html("done", "servers not started" if not session.attached else
+                                        "attached: " + ", ".join(session.attached)), elem_id="vllm-status")
+    prompt = gr.Textbox(label="Prompt", lines=3, elem_id="vllm-prompt")
+    max_new = gr.Slider(1, MAX_NEW_TOKENS, value=96, step=1, label="Max new tokens")
+    with gr.Row():
+        run = gr.Button("Run on vLLM", variant="primary", elem_id="vllm-run")
+        stop = gr.Button("Stop", elem_id="vllm-stop")
+    panels = {}
+    with gr.Row():
+        for m in methods:
+            with gr.Column(min_width=220):
+                gr.Markdown(f"**{m}**")
+                panels[m] = (gr.HTML(render.placeholder("not run yet"), elem_id=f"vllm-panel-{m}"),
+                             gr.Markdown(""), gr.HTML(""))
+    outputs = [status] + [c for p in panels.values() for c in p]
+
+    def on_start(names):
+        try:
+            session.start(list(dict.fromkeys(["autoregressive"] + list(names))))
+        except (VLLMServerError, VLLMError, ValueError) as e:
+            return render.status_html("error", str(e)[-1500:])
+        return render.status_html("done", "servers ready: " + ", ".join(
+            f"{m} at {e.url} (vLLM {e.version})" for m, e in session.pool.endpoints.items()))
+
+    def on_run(names, text, n):
+        names = ["autoregressive"] + [m for m in names if m != "autoregressive"]
+        if session.pool is None:
+            yield {status: render.status_html("running", "starting vLLM servers (about a minute each on a CPU)…")}
+            yield {status: on_start(names)}
+            if session.pool is None:
+                return
+        try:
+            ids = engine.encode_prompt(text)
+        except ValueError as e:
+            yield {status: render.status_html("warning", str(e))}
+            return
+        eos = list(engine.target.eos_token_ids)
+        base = None
+        for m in names:
+            e = session.pool.endpoints.get(m)
+            if e is None:
+                yield {status: render.status_html("warning", f"{m}: no server; press Start vLLM servers")}
+                continue
+            shown = ""
+            yield {status: render.status_html("running", f"{m} on vLLM…")}
+            try:
+                for step in run_completion(e, m, ids, Sampling(int(n)), eos):
+                    if not step.done:
+                        shown += step.text
+                        yield {panels[m][0]: f'<div class="tokens">{html.escape(shown)}</div>'}
+                        continue
+                    stats = step.stats
+                    pieces = token_pieces(engine.target.tokenizer, stats["output_ids"], step.sources)
+                    base = stats if m == "autoregressive" else base
+                    yield {panels[m][0]: f'<div class="tokens">{render.token_spans(pieces)}</div>',
+                           panels[m][1]: stats_markdown(stats, base["tokens_per_s"] if base else None,
+                                                        m == "autoregressive"),
+                           panels[m][2]: "" if m == "autoregressive" or base is None else lossless_badge(base, stats)}
+            except VLLMError as err:
+                yield {status: render.status_html("error", f"{m}: {err}")}
+                return
+        yield {status: render.status_html("done", "done")}
+
+    start.click(on_start, [chosen], [status])
+    event = run.click(on_run, [chosen, prompt, max_new], outputs)
+    stop.click(None, None, None, cancels=[event])

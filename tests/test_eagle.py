@@ -1,0 +1,274 @@
+"""EAGLE: greedy output equals the autoregressive baseline; sampling keeps the target's distribution;
+the dynamic tree equals a slow obvious reference; the training-time unroll equals decoding-time
+drafting; checkpoints round-trip in vLLM's EAGLE-3 layout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from helpers import (chi_square_gof, clear_greedy_baseline, count_samples, exact_first_three, run_events,
+                     sample_first_three, tiny_llama)
+from playground.engine import check_lossless
+from playground.engine.decoding import GenerationSettings
+from playground.engine.eagle import EagleDrafter, EagleHead, read_eagle, save_eagle
+from playground.engine.eagle.checkpoint import head_config
+from playground.engine.eagle.tree import expand, reference_tree, rerank
+from playground.engine.sampling import SamplingConfig
+from playground.engine.target import CausalLM
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+EOS = 63
+
+
+def tiny_head(target, seed: int, draft_vocab: int = 48, layers=(0, 1, 2), std: float = 0.3) -> EagleHead:
+    """A random EAGLE head for a tiny target (draft vocabulary: every other id, then the first ones)."""
+    config = head_config(target.config, draft_vocab, feature_layers=layers, intermediate_size=48)
+    ids = torch.randperm(target.config.vocab_size, generator=torch.Generator().manual_seed(seed))[:draft_vocab]
+    head = EagleHead(config, ids.sort().values)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if "norm" not in name:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return head.eval().attach_embedding(target.get_input_embeddings())
+
+
+@pytest.fixture(scope="module")
+def cases():
+    targets = [tiny_llama(seed, num_layers=3) for seed in range(3)]
+    heads = [tiny_head(t, 50 + i) for i, t in enumerate(targets)]
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for seed in range(24):
+        target = CausalLM(targets[seed % 3])
+        prompt, baseline, margins = clear_greedy_baseline(target, g, 5 + seed % 11, 4 + seed % 5, 32, (EOS,))
+        out.append((seed, target, heads[seed % 3], prompt, baseline, margins))
+    return out
+
+
+def test_captured_features_equal_output_hidden_states():
+    """The target's feature hooks give exactly transformers' hidden_states at the chosen indices
+    (0 = embeddings, the last = after the final norm), the numbering the head's config uses."""
+    model = tiny_llama(3, num_layers=3)
+    ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(0))
+    lm = CausalLM(model)
+    with torch.no_grad(), lm.capture_features((0, 2, 3)) as features:
+        out = model(ids, output_hidden_states=True)
+        got = features()
+    want = torch.cat([out.hidden_states[i][0] for i in (0, 2, 3)], -1)
+    assert torch.equal(got, want)
+
+
+def test_eagle_greedy_equals_baseline(cases):
+    """Over 24 prompts on 3 tiny models with random heads and varied depth, top_k and total_tokens
+    (fixed, and auto on a made-up cost curve), greedy EAGLE output equals the autoregressive baseline
+    token for token; across the sweep some drafted tokens were accepted and some rejected."""
+    failures, accepted, proposed = [], 0, 0
+    settings = GenerationSettings(max_new_tokens=32)
+    for seed, target, head, prompt, baseline, margins in cases:
+        knobs = dict(depth=1 + seed % 6, top_k=1 + seed % 5,
+                     total_tokens="auto" if seed % 4 == 0 else 1 + seed % 12)
+        drafter = EagleDrafter(head, verify_cost=lambda q: 1 + 0.05 * (q - 1), **knobs)
+        events = run_events(target, drafter, prompt, settings=settings, eos_token_ids=(EOS,))
+        out = [t for e in events for t in e.tokens]
+        verdict = check_lossless(baseline, margins, out)
+        if not verdict.matched:
+            failures.append(f"seed={seed} {knobs}: {verdict.message()}")
+        accepted += sum(e.accepted for e in events)
+        proposed += sum(e.proposed for e in events)
+    assert not failures, "\n".join(failures)
+    assert 0 < accepted < proposed
+
+
+def test_eagle_sampling_matches_target():
+    """Sampling (temperature 0.9, top-k 8) with EAGLE: the first three tokens of 1,500 seeded runs
+    follow the target's exact joint (chi-square; a false alarm has odds below 1e-4)."""
+    vocab = 10
+    model = tiny_llama(11, vocab_size=vocab, num_layers=2, std=0.3)
+    head = tiny_head(model, 12, draft_vocab=8, layers=(0, 1, 2), std=0.5)
+    cfg = SamplingConfig(temperature=0.9, top_k=8)
+    prompt = [1, 5, 3, 7]
+    exact = exact_first_three(model, prompt, cfg, vocab)
+    counts, accepted, proposed = sample_first_three(
+        model, lambda s: EagleDrafter(head, depth=3, top_k=3, total_tokens=6), prompt, cfg, 1500, vocab)
+    assert accepted > 0
+    test = chi_square_gof(counts, exact)
+    assert test.p_value > 1e-4, str(test)
+
+
+def _reference_logp(head: EagleHead, feats: torch.Tensor, tokens: list[int]):
+    """The draft run from scratch, without any cache, on the committed entries and a path."""
+    n = len(tokens) - 1
+
+    def logp_of_path(path: list[int]) -> torch.Tensor:
+        cache = head.new_cache()
+        m = feats.shape[0]
+        attend = torch.ones(m, m, dtype=torch.bool).tril()
+        logits, out = head.step(cache, head.project(feats), torch.tensor(tokens[1:n + 1]), torch.arange(m), attend)
+        last_logits, h = logits[-1], out[-1]
+        for d, tok in enumerate(path):
+            attend = torch.ones(1, len(cache) + 1, dtype=torch.bool)
+            last_logits, hh = head.step(cache, h[None], torch.tensor([tok]), torch.tensor([m + d]), attend)
+            last_logits, h = last_logits[0], hh[0]
+        return torch.log_softmax(last_logits, -1)
+    return logp_of_path
+
+
+@pytest.mark.parametrize("depth,top_k,total", [(1, 4, 3), (3, 3, 10), (4, 2, 7), (5, 4, 30)])
+def test_dynamic_tree_equals_reference(depth, top_k, total):
+    """The batched, cached EAGLE-2 expansion and rerank keep the same nodes (as token paths) as the
+    slow obvious reference that reruns the draft from scratch for every path."""
+    model = tiny_llama(21, num_layers=3)
+    head = tiny_head(model, 22)
+    tokens = [3, 9, 14, 2, 40, 7]
+    with torch.no_grad(), CausalLM(model).capture_features(head.feature_layers) as features:
+        model(torch.tensor([tokens[:-1]]))
+        feats = features()
+    ref = reference_tree(_reference_logp(head, feats, tokens), depth, top_k, total, head.draft_ids)
+    drafter = EagleDrafter(head, depth=depth, top_k=top_k, total_tokens=total)
+    from playground.engine.drafter import DecodeState
+    state = DecodeState(tokens, 3, SamplingConfig(), None, 10, torch.device("cpu"), 64, features=feats)
+    cand = drafter.propose(state)
+    paths, parents = [], cand.parents.tolist()
+    for i, t in enumerate(cand.tokens.tolist()):
+        paths.append((paths[parents[i]] if parents[i] >= 0 else ()) + (t,))
+    assert set(paths) == {p for p, _ in ref}
+    assert len(paths) == len(ref)
+
+
+def test_rerank_keeps_ancestors():
+    """Rerank keeps a tree: every kept node's parent is kept, and parents come first."""
+    g = torch.Generator().manual_seed(0)
+
+    def step(states, tokens, anc, level):
+        return torch.log_softmax(torch.randn(tokens.shape[0], 20, generator=g), -1), states
+    pool = expand(step, torch.log_softmax(torch.randn(20, generator=g), -1), torch.zeros(4), 5, 4, torch.arange(20))
+    for n in range(1, len(pool) + 1, 7):
+        kept, parents = rerank(pool, n)
+        assert len(kept) == n
+        assert all(p < i for i, p in enumerate(parents))
+
+
+def test_unrolled_training_equals_drafting():
+    """The training-time test's unrolled step j at position t gives the same logits as decoding-time
+    drafting at depth j + 1 below root t + 1 along the ground-truth tokens (cache, masks, positions);
+    running later steps from a start position on gives the same rows there."""
+    model = tiny_llama(31, num_layers=3)
+    head = tiny_head(model, 32)
+    ids = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(1)).tolist()
+    steps, T = 3, 8
+    with torch.no_grad(), CausalLM(model).capture_features(head.feature_layers) as features:
+        model(torch.tensor([ids]))
+        feats = features()
+    with torch.no_grad():
+        unrolled = head.unrolled(feats[None, :T], torch.tensor([ids[1:T + steps]]), steps)
+    with torch.no_grad():  # skipping early positions in later steps changes nothing at the others
+        skipped = head.unrolled(feats[None, :T], torch.tensor([ids[1:T + steps]]), steps, start=3)
+    assert torch.allclose(skipped[0], unrolled[0])
+    for j in range(1, steps):
+        assert torch.allclose(skipped[j][0], unrolled[j][0, 3:], atol=1e-5)
+    for t in (0, 3, T - 1):
+        logp = _reference_logp(head, feats[:t + 1], ids[:t + 2])
+        for j in range(steps):
+            want = logp(ids[t + 2:t + 2 + j])
+            got = torch.log_softmax(unrolled[j][0, t], -1)
+            assert torch.allclose(got, want, atol=1e-4), (t, j, float((got - want).abs().max()))
+
+
+def test_checkpoint_round_trip_in_vllm_layout(tmp_path):
+    """save_eagle writes vLLM's EAGLE-3 names and config fields; read_eagle gives the same head."""
+    model = tiny_llama(41, num_layers=3)
+    head = tiny_head(model, 42)
+    save_eagle(head, tmp_path, recipe={"data": "test"}, dtype=torch.float32)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["draft_vocab_size"] == 48 and config["vocab_size"] == 64
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    assert config["target_hidden_size"] == 32
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        d2t = f.get_tensor("d2t")
+    assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.hidden_norm.weight",
+            "midlayer.input_layernorm.weight", "midlayer.mlp.gate_proj.weight", "norm.weight", "lm_head.weight",
+            "d2t", "t2d"} <= names
+    assert not any("embed_tokens" in n for n in names)
+    assert torch.equal(torch.arange(48) + d2t, head.draft_ids)
+    back = read_eagle(tmp_path).attach_embedding(model.get_input_embeddings())
+    for (k, a), (_, b) in zip(sorted(head.state_dict().items()), sorted(back.state_dict().items())):
+        assert torch.equal(a, b), k
+    assert torch.equal(back.draft_ids, head.draft_ids)
+
+
+REAL_PROMPTS = __import__("helpers").bench_prompts()[::3]
+
+
+@pytest.fixture(scope="module")
+def real_eagle(real_target):
+    """The shipped head for the default target (assets/eagle/default), else a random one of its shape."""
+    from playground.engine.eagle import DEFAULT_EAGLE_DIR, load_eagle
+    if (DEFAULT_EAGLE_DIR / "config.json").is_file():
+        return load_eagle(DEFAULT_EAGLE_DIR, real_target)
+    head = EagleHead(head_config(real_target.model.config, 4096)).eval()
+    return head.attach_embedding(real_target.model.get_input_embeddings())
+
+
+@pytest.mark.real_model
+@pytest.mark.skipif(not REAL_PROMPTS, reason="no benchmark prompts (shared/data/ or assets/bench/) found")
+@pytest.mark.parametrize("index", range(len(REAL_PROMPTS)), ids=[p[0] for p in REAL_PROMPTS])
+def test_eagle_greedy_equals_baseline_on_real_prompts(real_target, real_eagle, index):
+    """On benchmark prompts (every third of the shared set: Spec-Bench questions with the chat template,
+    HumanEval as plain completion) with the real default model in fp32, 48 new tokens: greedy EAGLE
+    with the shipped head equals the autoregressive baseline token for token (fp32 near-ties excepted
+    by check_lossless)."""
+    from playground.engine.autoregressive import AutoregressiveDrafter
+    label, prompt, chat = REAL_PROMPTS[index]
+    tok = real_target.tokenizer
+    ids = (tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                   return_tensors="pt")["input_ids"][0].tolist() if chat
+           else tok(prompt)["input_ids"])
+    target = CausalLM(real_target.model)
+    eos = tuple(real_target.eos_token_ids)
+    base = run_events(target, AutoregressiveDrafter(), ids, 48, eos_token_ids=eos)
+    events = run_events(target, EagleDrafter(real_eagle, depth=5, top_k=6, total_tokens=16), ids, 48,
+                        eos_token_ids=eos)
+    verdict = check_lossless([t for e in base for t in e.tokens], [m for e in base for m in e.margins],
+                             [t for e in events for t in e.tokens])
+    assert verdict.matched, f"{label}: {verdict.message()}"
+
+
+def test_trainer_loss_falls_and_agreement_rises():
+    """The training-time-test loss on a tiny target's own greedy text falls over 40 AdamW steps, and the
+    head's top-1 agreement with the target at depth 1 rises above its random start."""
+    from playground.training.eagle import Teacher, draft_vocabulary, make_batch, ttt_loss
+    model = tiny_llama(51, num_layers=3)
+    g = torch.Generator().manual_seed(0)
+    records = []
+    with torch.no_grad():
+        for i in range(6):
+            prompt = torch.randint(0, 64, (6,), generator=g).tolist()
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0].tolist()
+            records.append({"input_ids": out, "prompt_len": 6})
+    draft_ids, share = draft_vocabulary(records, 48, 64, [])
+    head = tiny_head(model, 52, draft_vocab=48, std=0.05)
+    head = EagleHead(head.config, draft_ids).attach_embedding(model.get_input_embeddings())
+    teacher = Teacher(model, head.feature_layers)
+    items = teacher([r["input_ids"] for r in records])
+    items = [(f.float(), h.float()) for f, h in items]
+    rows = model.get_output_embeddings().weight.detach()[draft_ids]
+    batch = make_batch(items, records, 3, head, rows)
+    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    first = None
+    for _ in range(40):
+        loss, parts, agree = ttt_loss(head, *batch, 3, rows)
+        first = first if first is not None else (float(loss), agree[0][0] / agree[0][2])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    loss, parts, agree = ttt_loss(head, *batch, 3, rows)
+    assert float(loss) < 0.5 * first[0]
+    assert agree[0][0] / agree[0][2] > max(0.5, first[1])
