@@ -26,7 +26,7 @@ import torch
 
 
 def parse_method(text: str):
-    from playground.engine.compare import MethodSpec
+    from playground.engine import MethodSpec
 
     name, _, rest = text.partition(":")
     params = {}
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     from playground.bench import WARMUP_PROMPT, load_questions
-    from playground.engine.compare import Engine, RunOutput
+    from playground.engine import Engine, RunOutput
     from playground.engine.decoding import GenerationSettings
 
     methods = [parse_method(m) for m in args.methods.split(",")]
