@@ -234,9 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"min(threshold, alpha * exp(-entropy)) ({bounds(POSTERIOR_THRESHOLD_KNOB)})")
     g.add_argument("--posterior-alpha", type=float, metavar="X",
                    help=f"medusa with --acceptance typical: the alpha above ({bounds(POSTERIOR_ALPHA_KNOB)})")
-    g.add_argument("--depth", type=int, metavar="D", help="eagle: draft levels per step (default: 6)")
+    g.add_argument("--depth", type=int, metavar="D", help="eagle: draft levels per step (default: 4)")
     g.add_argument("--eagle-top-k", type=int, metavar="K",
-                   help="eagle: nodes expanded per level and children per expanded node (default: 8)")
+                   help="eagle: nodes expanded per level and children per expanded node (default: 4)")
     g.add_argument("--total-tokens", metavar="N",
                    help="eagle: tree nodes verified per step, or auto (chosen per step from this device's "
                         "verify-cost curve; default: auto)")

@@ -50,7 +50,7 @@ class EagleDrafter(Drafter):
     name = "eagle"
     source = depth_source(1)
 
-    def __init__(self, head: EagleHead, depth: int = 6, top_k: int = 8, total_tokens: int | str = AUTO,
+    def __init__(self, head: EagleHead, depth: int = 4, top_k: int = 4, total_tokens: int | str = AUTO,
                  verify_cost: Callable[[int], float] | None = None, max_total: int = 64):
         self.head = head
         self.depth, self.top_k, self.total_tokens = int(depth), int(top_k), total_tokens
