@@ -123,7 +123,7 @@ def test_tree_walk_is_what_greedy_medusa_decoding_accepts(engine):
 
     paths = [p for p, _ in greedy_tree(rank_probs_from_accuracy(engine.medusa.top_k_accuracy), 7)]
     prompt = engine.encode_prompt("Explain how a bicycle stays upright.")
-    events = list(engine.run_one(prompt, MethodSpec("medusa", {"tree_choices": json.dumps(paths)}),
+    events = list(engine.run_one(prompt, MethodSpec("medusa", {"tree_choices": json.dumps(paths), "budget": "off"}),
                                  GenerationSettings(max_new_tokens=48)))
     tokens = [t for e in events for t in e.tokens]
     cands = agreement.head_candidates(engine.target.model, engine.medusa,

@@ -266,7 +266,7 @@ def test_end_to_end_on_the_default_model(tmp_path, capsys):
         assert r["steps"] >= 1 and r["wall_s"] > 0 and 0 < r["ttft_s"] <= r["wall_s"]
         assert r["mean_accepted_tokens"] == pytest.approx(r["new_tokens"] / r["steps"])
     assert records[0]["params"] == {} and records[0]["acceptance_rate"] is None
-    assert set(records[1]["params"]) == {"max_ngram_size", "num_pred_tokens"}
+    assert set(records[1]["params"]) == {"max_ngram_size", "num_pred_tokens", "budget"}
     for base, pl in zip(records[::2], records[1::2]):
         assert pl["output_ids"] == base["output_ids"]
     assert "== writing ==" in captured.out and "== overall ==" in captured.out

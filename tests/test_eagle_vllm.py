@@ -1,7 +1,8 @@
 """The shipped EAGLE head loads in vLLM's ``eagle3`` speculative method (needs a vLLM environment).
 
-Skipped unless ``PLAYGROUND_VLLM_PYTHON`` names the Python of a virtualenv with vLLM (it cannot share
-this one: vLLM pins another transformers). vLLM builds the draft from ``config.json`` and loads
+Runs with the Python of ``.venv-vllm`` (``scripts/setup.sh --vllm``; ``PLAYGROUND_VLLM_PYTHON`` names
+another); skipped without one unless ``PLAYGROUND_REQUIRE_VLLM`` is set (vLLM cannot share this
+virtualenv: it pins another transformers). vLLM builds the draft from ``config.json`` and loads
 ``model.safetensors`` through ``Eagle3LlamaForCausalLM.load_weights``, so a wrong name, shape or config
 field fails here.
 """
@@ -18,14 +19,19 @@ import pytest
 
 from playground.engine.eagle import DEFAULT_EAGLE_DIR
 
-VLLM_PYTHON = os.environ.get("PLAYGROUND_VLLM_PYTHON")
+_LOCAL = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+VLLM_PYTHON = os.environ.get("PLAYGROUND_VLLM_PYTHON") or (str(_LOCAL) if _LOCAL.exists() else None)
 
 
-@pytest.mark.skipif(not VLLM_PYTHON, reason="PLAYGROUND_VLLM_PYTHON (a Python with vLLM) is not set")
+@pytest.mark.vllm
 @pytest.mark.skipif(not (DEFAULT_EAGLE_DIR / "config.json").is_file(), reason="no shipped EAGLE head")
 def test_shipped_head_loads_in_vllm_eagle3(real_target, tmp_path):
     """vLLM starts the default target with the shipped head as its eagle3 draft and generates greedily
     on one prompt."""
+    if not VLLM_PYTHON:
+        if os.environ.get("PLAYGROUND_REQUIRE_VLLM"):
+            pytest.fail("no vLLM environment (.venv-vllm) and PLAYGROUND_REQUIRE_VLLM is set")
+        pytest.skip("no vLLM environment: scripts/setup.sh --vllm")
     folder = Path(real_target.model.config._name_or_path)
     script = textwrap.dedent(f"""
         from vllm import LLM, SamplingParams

@@ -265,12 +265,13 @@ def test_pool_size_and_hits_reach_the_run_statistics(sweep):
 
 def test_engine_registers_lookahead():
     """The registry lists lookahead as lossless without a draft, with the knobs window,
-    ngram_size, guess_set_size (bounds [1, 20], [2, 8], [1, 20]); the engine builds it; the
-    presets hold the paper's (W, N, G) and are within bounds."""
+    ngram_size, guess_set_size (bounds [1, 20], [2, 8], [1, 20]) and the per-step budget; the engine
+    builds it; the presets hold the paper's (W, N, G) and are within bounds."""
     info = METHODS["lookahead"]
     assert info.lossless and not info.needs_draft and SOURCE_LOOKAHEAD in info.sources
-    assert [(k.name, k.minimum, k.maximum) for k in info.knobs] == [
+    assert [(k.name, k.minimum, k.maximum) for k in info.knobs if k.name != "budget"] == [
         ("window", 1, 20), ("ngram_size", 2, 8), ("guess_set_size", 1, 20)]
+    assert info.knobs[-1].name == "budget"
     assert SOURCE_LOOKAHEAD in source_labels()
     assert LOOKAHEAD_PRESETS["7b"] == dict(window=15, ngram_size=5, guess_set_size=15)
     assert LOOKAHEAD_PRESETS["13b"] == dict(window=10, ngram_size=5, guess_set_size=10)

@@ -97,7 +97,6 @@ def test_the_import_graph_has_no_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-@pytest.mark.xfail(strict=False, reason="issue 16: engine/medusa.py and others shrink in the engine's part")
 def test_no_file_is_over_500_lines():
     long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}

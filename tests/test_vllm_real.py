@@ -63,7 +63,7 @@ def test_greedy_outputs_equal_vllms_baseline_and_report_acceptance(servers, prom
     try:
         from playground.engine import check_lossless
     except ImportError:  # before the engine's public API (playground.engine) has it
-        from playground.engine.compare import check_lossless
+        from playground.engine import check_lossless
 
     builder, ids_list = prompts
     eos = builder.target.eos_token_ids

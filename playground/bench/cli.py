@@ -52,6 +52,8 @@ KNOB_FLAGS: dict[str, tuple[str, ...]] = {
     "posterior_alpha": ("posterior_alpha",),
     "tree": ("tree_choices", "tree"),
     "acceptance": ("acceptance",),
+    "budget": ("budget",),
+    "members": ("members",),
     "depth": ("depth",),
     "eagle_top_k": ("top_k",),
     "total_tokens": ("total_tokens",),
@@ -123,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     from playground.engine import (DRAFT_CONFIDENCE_KNOB, K_KNOB, LOOKAHEAD_GUESS_KNOB, LOOKAHEAD_NGRAM_KNOB,
                                    LOOKAHEAD_WINDOW_KNOB, MAX_NEW_TOKENS_KNOB, POSTERIOR_ALPHA_KNOB,
                                    POSTERIOR_THRESHOLD_KNOB, PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB,
-                                   TEMPERATURE_KNOB)
+                                   TEMPERATURE_KNOB, METHODS)
 
     def bounds(knob) -> str:
         lo, hi = (int(knob.minimum), int(knob.maximum)) if knob.integer else (knob.minimum, knob.maximum)
@@ -140,9 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSONL file of Spec-Bench rows (question_id, category, turns) or HumanEval rows (task_id, "
                         "prompt), or a built-in set: spec_bench, humaneval (default: spec_bench)")
     g.add_argument("--methods", default="autoregressive,prompt_lookup", metavar="LIST",
-                   help="comma-separated methods among autoregressive, prompt_lookup, draft_model, lookahead, "
-                        "medusa; autoregressive (the baseline every speedup is measured against) is added when "
-                        "missing and always runs first (default: autoregressive,prompt_lookup)")
+                   help=f"comma-separated methods among {', '.join(METHODS)}; autoregressive (the baseline "
+                        "every speedup is measured against) is added when missing and always runs first (default: "
+                        "autoregressive,prompt_lookup)")
     g.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
                    help=f"most new tokens per answer, 1 to {int(MAX_NEW_TOKENS_KNOB.maximum)}; the prompt and the answer must fit "
                         "the target's context (default: 128)")
@@ -217,6 +219,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"medusa: candidate tree, a preset ({', '.join(TREE_PRESET_NAMES)}) or a JSON list of "
                         "paths such as '[[0], [0, 0], [1]]', each no deeper than the heads loaded (default: auto, "
                         "chosen for this device)")
+    g.add_argument("--budget", choices=("auto", "off"),
+                   help="every method but the baseline: 'auto' verifies only the candidates whose expected accepted "
+                        "tokens pay for their cost on this device (measured once at load); 'off' verifies all "
+                        "(default: auto)")
+    g.add_argument("--members", metavar="LIST",
+                   help="mixture: comma-separated drafters merged into one tree, among suffix, prompt_lookup, "
+                        "recycling, lookahead, medusa (default: suffix,recycling,prompt_lookup)")
     g.add_argument("--acceptance", choices=("exact", "typical"),
                    help="medusa: 'exact' keeps the target's output (lossless); 'typical' accepts more tokens but "
                         "may change the output, tuned by --posterior-* (default: exact)")

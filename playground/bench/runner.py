@@ -101,6 +101,7 @@ def check_runnable(engine, specs: list, max_new_tokens: int, questions: list[Que
     if max_new_tokens >= context:
         raise BenchError(f"{max_new} leaves no room for the prompt: {target.name}'s context "
                          f"holds {context} tokens, prompt and answer together; use fewer new tokens")
+    _check_a_question_fits(engine, questions, max_new_tokens, name, max_new)
     for s in specs:
         try:
             engine.make_drafter(s)
@@ -108,6 +109,12 @@ def check_runnable(engine, specs: list, max_new_tokens: int, questions: list[Que
             raise BenchError(f"{s.name} cannot run: {name['tree']}: {e}") from None
         except ValueError as e:
             raise BenchError(f"{s.name} cannot run: {e}") from None
+
+
+def _check_a_question_fits(engine, questions: list[Question], max_new_tokens: int, name: dict, max_new: str) -> None:
+    """Raise BenchError naming the largest new-token count that fits when no first prompt fits."""
+    target = engine.target
+    context = target.context_length
     if not questions:
         return
     shortest = None
@@ -300,6 +307,9 @@ class Benchmark:
                         pass
         except ValueError as e:
             raise BenchError(f"warm-up failed: {e}") from None
+        # Methods that learn across runs (suffix caches, recycling tables, acceptance calibration) forget
+        # the warm-up output: the timed runs see only earlier questions' outputs of the same method.
+        self.engine.forget("learned/")
 
     def iter(self) -> Iterator[tuple[str, object, int]]:
         """:func:`iter_runs` over this benchmark (under ``torch.inference_mode``)."""

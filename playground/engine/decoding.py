@@ -13,6 +13,7 @@ from typing import Iterator
 
 import torch
 
+from .budget import apply_budget
 from .detok import IncrementalDetokenizer
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_TARGET, RunStats, StepEvent
@@ -197,6 +198,8 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         state = DecodeState(out.tokens, len(prompt_ids), sampling, generator, max(budget, 0), target.device,
                             target.vocab_size, features=feats)
         cand = drafter.propose(state)
+        if drafter.budget_cost is not None:  # the per-step budget: keep what pays on this device
+            cand = apply_budget(cand, drafter.budget_cost)
         depth = max(cand.depths()) if len(cand) else 0
         if depth > state.budget:
             raise RuntimeError(f"{type(drafter).__name__} proposed a tree deeper than the budget {state.budget}")

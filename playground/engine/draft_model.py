@@ -22,10 +22,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .budget import AcceptanceEstimator, probability_bin, with_budget_knob
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_DRAFT, SOURCE_TARGET
 from .limits import DRAFT_CONFIDENCE_KNOB, DRAFT_PROPOSER_KNOB, K_KNOB
 from .registry import MethodInfo, register
+from .step_cost import build_with_budget
 from .sampling import logits_to_probs
 from .target import CausalLM
 from .tree import Candidates
@@ -160,6 +162,7 @@ class DraftModelDrafter(Drafter):
         self.token_map = token_map
         self.cache = None
         self.fed: list[int] = []  # token ids held in the draft's KV cache, in order
+        self.estimator = AcceptanceEstimator()
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.cache = self.draft.new_cache()
@@ -204,7 +207,13 @@ class DraftModelDrafter(Drafter):
         pending = self._sync_cache(state.tokens)
         drafted: list[int] = []
         q_rows: list[torch.Tensor] = []
+        q_drafted: list[float] = []  # the draft's probability of each drafted token (acceptance estimate)
+        path_p = 1.0
         for i in range(k):
+            # With the budget on, stop drafting once the path is too unlikely to pay for its
+            # verification (its expected gain under the marginal cost of one more query).
+            if self.budget_cost is not None and i and path_p < self.min_path_prob:
+                break
             # 1. Feed what the draft has not seen (the unseen tail, then each drafted token).
             feed = torch.tensor(pending if i == 0 else [drafted[-1]], dtype=torch.long)
             logits = self.draft.forward(self.cache, feed if self.token_map is None else self.token_map.draft_ids(feed),
@@ -216,6 +225,8 @@ class DraftModelDrafter(Drafter):
                 if q_max < self.confidence:
                     break
                 drafted.append(token)
+                q_drafted.append(q_max)
+                path_p *= self._calibrated(q_max, i + 1)
                 continue
             if self.token_map is not None:
                 logits = self.token_map.target_logits(logits)
@@ -227,12 +238,29 @@ class DraftModelDrafter(Drafter):
             q = fit_vocab(probs, state.vocab_size).to(state.device)
             drafted.append(int(torch.multinomial(q, 1, generator=state.generator).item()))
             q_rows.append(q)
+            q_drafted.append(float(q.max()))
+            path_p *= self._calibrated(q_drafted[-1], i + 1)
         if not drafted:
             return Candidates.empty(state.device)
         draft_probs = torch.stack(q_rows) if q_rows else None
-        return Candidates.chain(drafted, self.source, draft_probs, device=state.device)
+        cand = Candidates.chain(drafted, self.source, draft_probs, device=state.device)
+        keys = [(probability_bin(q), min(d, 4)) for d, q in enumerate(q_drafted, start=1)]
+        cand.accept_probs = self.estimator.estimate(cand, keys, q_drafted)
+        return cand
+
+    def _calibrated(self, q: float, depth: int) -> float:
+        """The estimator's current acceptance estimate for a drafted token of probability ``q``."""
+        key = (probability_bin(q), min(depth, 4))
+        s = self.estimator.strength
+        return (self.estimator.hits.get(key, 0.0) + s * q) / (self.estimator.tests.get(key, 0.0) + s)
+
+    min_path_prob = 0.25
+    """With the budget on, drafting stops when the drafted path's estimated probability falls below
+    this: a drafted token costs a draft pass (about a fifth of a target step for the shipped draft on
+    a CPU) plus a verified query, so a less likely one does not pay."""
 
     def update(self, result: StepResult) -> None:
+        self.estimator.observe(result)
         # Rejected drafted tokens are dropped lazily, by the next propose's _sync_cache.
         pass
 
@@ -310,9 +338,14 @@ def _build(engine, params: dict) -> Drafter:
     return DraftModelDrafter(engine.draft_lm, token_map=token_map, **params)
 
 
+def _build_with_budget(engine, params: dict) -> Drafter:
+    return build_with_budget(engine, params, lambda p: _build(engine, p), "draft_model")
+
+
 METHOD = register(MethodInfo(
     "draft_model", "Draft model",
     "A small draft model proposes K tokens; the target verifies them in one pass (Leviathan et al. 2023; "
     "Chen et al. 2023).",
-    lossless=True, knobs=(K_KNOB, DRAFT_CONFIDENCE_KNOB, DRAFT_PROPOSER_KNOB), sources=(SOURCE_TARGET, SOURCE_DRAFT),
-    source_labels={SOURCE_DRAFT: "draft model"}, build=_build, requires=("draft",)))
+    lossless=True, knobs=with_budget_knob((K_KNOB, DRAFT_CONFIDENCE_KNOB, DRAFT_PROPOSER_KNOB)),
+    sources=(SOURCE_TARGET, SOURCE_DRAFT), source_labels={SOURCE_DRAFT: "draft model"}, build=_build_with_budget,
+    requires=("draft",)))

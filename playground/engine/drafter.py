@@ -60,8 +60,9 @@ class StepResult:
             the bonus token as the new root).
         extra_logits: ``(m, vocab_size)`` float32 logits of ``candidates.extras`` (None
             when the proposal had no extra queries).
-        logits: ``(num_nodes + 1, vocab_size)`` float32 target logits of the verified pass: row 0
-            at the root, row i + 1 after candidate i (token recycling reads their top-k).
+        logits: ``(num_nodes + 1, vocab_size)`` float32 logits of the verification pass over the
+            root and the candidates (row 0: the root; row i + 1: candidate i), extras excluded.
+            Token recycling keeps their top-k; it costs nothing (the verifier computed them).
     """
 
     candidates: Candidates
@@ -85,6 +86,9 @@ class Drafter:
             (``DecodeState.features``), numbered as transformers' ``output_hidden_states``: 0 = the
             embeddings, i = the output of decoder layer i; the target computes only these (forward
             hooks), and only for drafters that name some. Empty: none.
+        budget_cost: this device's step cost (:class:`~playground.engine.budget.StepCost`) when the
+            ``budget`` knob is ``auto`` (the loop then prunes each proposal with
+            :func:`~playground.engine.budget.apply_budget`); None: every candidate is verified.
     """
 
     name = "drafter"
@@ -92,6 +96,7 @@ class Drafter:
     lossless = True
     typical = None
     feature_layers: tuple[int, ...] = ()
+    budget_cost = None
 
     def begin(self, prompt_ids: list[int]) -> None:
         """Forget any previous sequence; a new run starts with ``prompt_ids``."""

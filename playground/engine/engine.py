@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from . import methods  # noqa: F401  (registers every method)
+from . import methods as _methods  # noqa: F401  (registers every method)
 from .decoding import GenerationSettings, decode
 from .drafter import Drafter
 from .events import StepEvent

@@ -32,6 +32,8 @@ MAX_NEW_TOKENS = 2048
 """Largest number of new tokens one run may generate."""
 
 MAX_TEMPERATURE = 2.0
+MIN_SAMPLING_TEMPERATURE = 1e-3
+"""Smallest temperature above 0 (0 is greedy): logits divided by less overflow float32."""
 MAX_TOP_K = 1000
 
 MEDUSA_TOP_K = 10

@@ -32,11 +32,14 @@ import random
 
 import torch
 
+from .budget import AcceptanceEstimator, with_budget_knob
+
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_LOOKAHEAD, SOURCE_TARGET
 from .limits import LOOKAHEAD_GUESS_KNOB, LOOKAHEAD_KNOBS, LOOKAHEAD_NGRAM_KNOB, LOOKAHEAD_WINDOW_KNOB
 from .tree import Candidates, ExtraQueries
 from .registry import MethodInfo, register
+from .step_cost import build_with_budget
 
 LOOKAHEAD_PRESETS: dict[str, dict[str, int]] = {
     "cpu": dict(window=2, ngram_size=3, guess_set_size=3),
@@ -202,6 +205,7 @@ class LookaheadDrafter(Drafter):
         self.harvested = len(self.prompt) + 1  # first (exclusive) end of an output n-gram not yet pooled
         self.pool_hits = 0
         self.pool_tokens_accepted = 0
+        self.estimator = AcceptanceEstimator()
 
     def info(self) -> dict[str, int]:
         """The pool's size (n-grams) and hits (steps that accepted a pool token) so far."""
@@ -217,10 +221,16 @@ class LookaheadDrafter(Drafter):
         # 2. Lookahead branch: every level of the window, flattened level by level.
         attention, positions = lookahead_attention(self.window, len(self.levels), len(cand))
         tokens = torch.tensor([t for level in self.levels for t in level], dtype=torch.long)
-        return Candidates(cand.tokens, cand.parents, cand.sources, extras=ExtraQueries(tokens, positions, attention))
+        out = Candidates(cand.tokens, cand.parents, cand.sources, extras=ExtraQueries(tokens, positions, attention))
+        # Acceptance estimate: the pool's running hit rate by depth and by how many n-grams compete.
+        depths, siblings = out.depths(), out.children()
+        keys = [(min(d, 4), min(len(siblings[p + 1]), 3)) for d, p in zip(depths, out.parents.tolist())]
+        out.accept_probs = self.estimator.estimate(out, keys, [0.35 if d == 1 else 0.7 for d, _ in keys])
+        return out
 
     def update(self, result: StepResult) -> None:
         """Next Jacobi level, n-gram harvest, window shift by the tokens emitted this step."""
+        self.estimator.observe(result)
         if result.path:
             self.pool_hits += 1
             self.pool_tokens_accepted += len(result.path)
@@ -257,6 +267,6 @@ METHOD = register(MethodInfo(
     "lookahead", "Lookahead",
     "Jacobi iterations in a W x (N - 1) window generate n-grams; those starting with the last token are "
     "verified in the same pass (Fu et al. 2024).",
-    lossless=True, knobs=LOOKAHEAD_KNOBS, sources=(SOURCE_TARGET, SOURCE_LOOKAHEAD),
+    lossless=True, knobs=with_budget_knob(LOOKAHEAD_KNOBS), sources=(SOURCE_TARGET, SOURCE_LOOKAHEAD),
     source_labels={SOURCE_LOOKAHEAD: "lookahead n-gram"},
-    build=lambda engine, params: LookaheadDrafter(**params)))
+    build=lambda engine, params: build_with_budget(engine, params, lambda p: LookaheadDrafter(**p), "lookahead")))

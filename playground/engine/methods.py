@@ -5,7 +5,8 @@ of the methods on the page and in the benchmark (the baseline first), whichever 
 to be imported first.
 """
 
-from . import autoregressive, draft_model, eagle, lookahead, medusa, prompt_lookup
+from . import (autoregressive, draft_model, eagle, lookahead, medusa, mixture, prompt_lookup, recycling,
+               suffix)
 from .registry import (BASELINE, METHODS, MethodInfo, MethodSpec, is_lossless, lossless_check_applies,
                        source_labels)
 
@@ -16,6 +17,9 @@ MODULES = (
     lookahead,
     medusa,
     eagle,
+    suffix,
+    recycling,
+    mixture,
 )
 """The method modules in page order; each defines ``METHOD`` (its registered :class:`MethodInfo`)."""
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from .drafter import DecodeState, Drafter
+from .budget import AcceptanceEstimator, with_budget_knob
+from .step_cost import build_with_budget
+from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_PROMPT_LOOKUP, SOURCE_TARGET
 from .limits import PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB
 from .tree import Candidates
@@ -19,6 +21,11 @@ from .registry import MethodInfo, register
 
 
 def find_candidate(tokens: torch.Tensor, max_ngram_size: int, num_pred_tokens: int) -> list[int]:
+    """Tokens after the latest earlier match of the longest suffix n-gram (:func:`find_match`)."""
+    return find_match(tokens, max_ngram_size, num_pred_tokens)[0]
+
+
+def find_match(tokens: torch.Tensor, max_ngram_size: int, num_pred_tokens: int) -> tuple[list[int], int]:
     """Tokens that followed the most recent earlier occurrence of the longest matching suffix.
 
     Args:
@@ -27,7 +34,8 @@ def find_candidate(tokens: torch.Tensor, max_ngram_size: int, num_pred_tokens: i
         num_pred_tokens: how many following tokens to return at most.
 
     Returns:
-        Up to ``num_pred_tokens`` token ids; empty when no suffix n-gram recurs.
+        ``(up to num_pred_tokens token ids, the matched n-gram size)``; ``([], 0)`` when no suffix
+        n-gram recurs.
     """
     seq_len = tokens.shape[0]
     for n in range(min(max_ngram_size, seq_len - 1), 0, -1):
@@ -38,8 +46,8 @@ def find_candidate(tokens: torch.Tensor, max_ngram_size: int, num_pred_tokens: i
         for start in reversed(hits.tolist()):  # most recent first
             follow = tokens[start + n:start + n + num_pred_tokens]
             if follow.numel():
-                return follow.tolist()
-    return []
+                return follow.tolist(), n
+    return [], 0
 
 
 class PromptLookupDrafter(Drafter):
@@ -56,19 +64,29 @@ class PromptLookupDrafter(Drafter):
                  num_pred_tokens: int = PROMPT_LOOKUP_TOKENS_KNOB.default):
         self.max_ngram_size = PROMPT_LOOKUP_NGRAM_KNOB.check(max_ngram_size)
         self.num_pred_tokens = PROMPT_LOOKUP_TOKENS_KNOB.check(num_pred_tokens)
+        self.estimator = AcceptanceEstimator()
 
     def propose(self, state: DecodeState) -> Candidates:
         k = min(self.num_pred_tokens, state.budget)
         if k <= 0:
             return Candidates.empty(state.device)
-        found = find_candidate(torch.tensor(state.tokens), self.max_ngram_size, k)
-        return Candidates.chain(found, self.source, device=state.device)
+        found, n = find_match(torch.tensor(state.tokens), self.max_ngram_size, k)
+        cand = Candidates.chain(found, self.source, device=state.device)
+        # Acceptance estimate: a running hit rate per (match length, depth), from a prior that
+        # trusts longer matches and deeper tokens of a copy that has held so far.
+        keys = [(min(n, 4), min(d, 6)) for d in range(1, len(found) + 1)]
+        priors = [(0.25 + 0.1 * min(n, 4)) if d == 1 else 0.8 for _, d in keys]
+        cand.accept_probs = self.estimator.estimate(cand, keys, priors)
+        return cand
 
+    def update(self, result: StepResult) -> None:
+        self.estimator.observe(result)
 
 
 METHOD = register(MethodInfo(
     "prompt_lookup", "Prompt lookup",
     "Copies the continuation of an earlier match of the latest n-gram in the prompt and output (Saxena 2023).",
-    lossless=True, knobs=(PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB),
+    lossless=True, knobs=with_budget_knob((PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB)),
     sources=(SOURCE_TARGET, SOURCE_PROMPT_LOOKUP), source_labels={SOURCE_PROMPT_LOOKUP: "prompt lookup"},
-    build=lambda engine, params: PromptLookupDrafter(**params)))
+    build=lambda engine, params: build_with_budget(engine, params, lambda p: PromptLookupDrafter(**p),
+                                                   "prompt_lookup")))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .limits import SEED_KNOB, TEMPERATURE_KNOB, TOP_K_KNOB, TOP_P_KNOB
+from .limits import MIN_SAMPLING_TEMPERATURE, SEED_KNOB, TEMPERATURE_KNOB, TOP_K_KNOB, TOP_P_KNOB
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,8 @@ class SamplingConfig:
     """Decoding settings. ``temperature == 0`` means greedy (argmax) decoding.
 
     Raises:
-        ValueError: when a value is outside its bound in :mod:`playground.engine.limits`.
+        ValueError: when a value is outside its bound in :mod:`playground.engine.limits`; a temperature
+            above 0 but below ``MIN_SAMPLING_TEMPERATURE`` (dividing logits by it overflows).
     """
 
     temperature: float = 0.0
@@ -32,6 +33,9 @@ class SamplingConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "temperature", TEMPERATURE_KNOB.check(self.temperature))
+        if 0 < self.temperature < MIN_SAMPLING_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or in [{MIN_SAMPLING_TEMPERATURE}, "
+                             f"{TEMPERATURE_KNOB.maximum}], got {self.temperature}")
         object.__setattr__(self, "top_p", TOP_P_KNOB.check(self.top_p))
         object.__setattr__(self, "top_k", TOP_K_KNOB.check(self.top_k))
         object.__setattr__(self, "seed", SEED_KNOB.check(self.seed))

@@ -55,7 +55,6 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from playground.training.cli import HelpFormatter, int_at_least
@@ -367,97 +366,8 @@ def generate_conversations(model, tokenizer, out_path: Path, num: int, *, batch_
     return have
 
 
-def _state_key(record: dict) -> str:
-    """A record's key in its batch's state file: ``"<row>"``, or ``"<turn>.<row>"`` after the first turn."""
-    turn = int(record.get("turn", 0))
-    return f"{turn}.{record['row']}" if turn else str(record["row"])
-
-
-def states_path(out_path: Path, batch: int) -> Path:
-    """The hidden-state file of one batch: ``<out>.states/batch_<b>.safetensors``."""
-    return Path(str(out_path) + ".states") / f"batch_{batch:05d}.safetensors"
-
-
-def load_answer_states(out_path: str | Path, records: list[dict], target_name: str) -> list[torch.Tensor | None]:
-    """The target's last hidden states saved with each record (``keep_states``), else None.
-
-    For a record with ``prompt_len`` P and ``len(input_ids)`` L the tensor is ``(L - P, hidden_size)``
-    bfloat16: the states at positions P - 1 … L - 2, the positions whose next token is an answer
-    token. Records without a batch file, from another target, or whose state count does not match
-    get None (the caller computes those itself).
-    """
-    out, by_batch = [], {}
-    for r in records:
-        if "batch" not in r or "row" not in r:
-            out.append(None)
-            continue
-        b = int(r["batch"])
-        if b not in by_batch:
-            path = states_path(Path(out_path), b)
-            by_batch[b] = None
-            if path.exists():
-                with safe_open(str(path), "pt") as f:
-                    if (f.metadata() or {}).get("target") == target_name:
-                        by_batch[b] = {k: f.get_tensor(k) for k in f.keys()}
-        states = (by_batch[b] or {}).get(_state_key(r))
-        ok = states is not None and states.shape[0] == len(r["input_ids"]) - int(r["prompt_len"])
-        out.append(states if ok else None)
-    return out
-
-
-def load_records(path: str | Path | list) -> list[dict]:
-    """Every record of one conversations file, or of several in order (see the module docstring
-    for the fields). With several files each record gets ``"source"``: its file's path.
-
-    Raises:
-        FileNotFoundError: no such file; ValueError: a line lacks ``input_ids`` or ``prompt_len``.
-    """
-    if isinstance(path, (list, tuple)):
-        if len(path) == 1:
-            return load_records(path[0])
-        return [dict(r, source=str(one)) for one in path for r in load_records(one)]
-    records = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        r = json.loads(line)
-        if "input_ids" not in r or "prompt_len" not in r:
-            raise ValueError(f"{path}:{n}: a conversation record needs input_ids and prompt_len")
-        records.append(r)
-    return records
-
-
-def load_states_for(paths: str | Path | list, records: list[dict], target_name: str) -> list[torch.Tensor | None]:
-    """:func:`load_answer_states` for records read by :func:`load_records` from one file or several."""
-    if not isinstance(paths, (list, tuple)) or len(paths) == 1:
-        return load_answer_states(paths[0] if isinstance(paths, (list, tuple)) else paths, records, target_name)
-    by_source = {}
-    for one in paths:
-        part = [r for r in records if r.get("source") == str(one)]
-        by_source.update(zip(map(id, part), load_answer_states(one, part, target_name)))
-    return [by_source.get(id(r)) for r in records]
-
-
-def split_records(records: list, held_out: float = 0.05, seed: int = 0) -> tuple[list, list]:
-    """A deterministic train / held-out split (at least one held-out record when there are two or more).
-
-    The turns of one multi-turn conversation (records with ``"turn"``, same file, batch and row)
-    stay on one side, since a later turn's prompt holds the earlier answers.
-    """
-    groups: dict = {}
-    for i, r in enumerate(records):
-        key = (r.get("source"), r.get("batch"), r.get("row")) if "turn" in r else i
-        groups.setdefault(key, []).append(i)
-    keys = list(groups)
-    random.Random(seed).shuffle(keys)
-    target = min(max(1, int(len(records) * held_out)), len(records) - 1) if len(records) > 1 else 0
-    held: set[int] = set()
-    for key in keys:
-        if len(held) >= target:
-            break
-        if len(held) + len(groups[key]) < len(records):
-            held.update(groups[key])
-    return ([r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held])
+from playground.training.records import (_state_key, load_answer_states, load_records, load_states_for,  # noqa: E402,F401,E501
+                                          split_records, states_path)
 
 
 def build_parser() -> argparse.ArgumentParser:

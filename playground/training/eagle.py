@@ -30,6 +30,7 @@ Resume: the trainer state is saved every ``--save-every`` steps in ``--state`` a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import hashlib
 import json
@@ -223,7 +224,7 @@ def ttt_loss(head, feats, next_ids, final, answer, steps: int, target_rows: torc
         step j means the draft's top-1 equalled the target's at steps 0..j of that position.
     """
     T = feats.shape[1]
-    ctx = torch.autocast(feats.device.type, dtype=torch.bfloat16) if autocast else _nullcontext()
+    ctx = torch.autocast(feats.device.type, dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     # Steps after the first skip positions whose tokens ahead are all prompt tokens.
     start = max(0, int(answer[:, :T + 2].float().argmax(1).min()) - 2 - steps)
     with ctx:
@@ -254,14 +255,6 @@ def ttt_loss(head, feats, next_ids, final, answer, steps: int, target_rows: torc
             agree.append((float(hit.sum()), float(chain.sum()), float(mask.sum())))
     total = sum((LOSS_DECAY ** j) * l for j, l in enumerate(losses))
     return total, [float(l.detach()) for l in losses], agree
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _bar(total: int, desc: str):

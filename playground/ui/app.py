@@ -1,6 +1,6 @@
 """The Gradio page: prompt, methods and their knobs, one streaming panel per method, charts.
 
-:func:`build_demo` lays the page out for a loaded :class:`~playground.engine.compare.Engine`;
+:func:`build_demo` lays the page out for a loaded :class:`~playground.engine.Engine`;
 :func:`launch_options` gives the theme and CSS that Gradio 6 takes in ``launch()``.
 
 The run handler is a plain generator over plain values: its arguments are the input
@@ -483,7 +483,8 @@ def legend_sources(engine: Engine) -> list[str]:
     medusa = getattr(engine, "medusa", None)
     loaded = getattr(medusa, "num_heads", 0) if medusa is not None else 0
     absent = {head_source(k) for k in range(loaded + 1, MAX_MEDUSA_HEADS + 1)}
-    return [s for m in METHODS for s in METHODS[m].sources if s not in absent]
+    # dict.fromkeys: a mixture repeats its members' sources; each is listed once
+    return list(dict.fromkeys(s for m in METHODS for s in METHODS[m].sources if s not in absent))
 
 
 def _knob_keys() -> list[tuple[str, str]]:

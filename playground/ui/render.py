@@ -20,6 +20,8 @@ SOURCE_COLORS: dict[str, str] = {
     # target's pale blue and from the other drafters: violet, orange, cyan, red, stone grey
     "medusa_head_1": "#c4b5fd", "medusa_head_2": "#fdba74", "medusa_head_3": "#67e8f9",
     "medusa_head_4": "#fca5a5", "medusa_head_5": "#d6d3d1",
+    "suffix": "#eadbc8",         # tan: from a suffix tree (this request's or the global cache)
+    "recycling": "#cbd5e1",      # slate: from the token-recycling adjacency table
     # EAGLE: by draft depth, a ramp from lime (depth 1) through teal and sky to rose (depth 10)
     "eagle_d1": "#d9f99d", "eagle_d2": "#a7f3d0", "eagle_d3": "#99f6e4", "eagle_d4": "#a5f3fc",
     "eagle_d5": "#bae6fd", "eagle_d6": "#c7d2fe", "eagle_d7": "#ddd6fe", "eagle_d8": "#f5d0fe",

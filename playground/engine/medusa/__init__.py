@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from ..events import SOURCE_TARGET
 from ..limits import MAX_MEDUSA_HEADS, MEDUSA_ACCEPTANCE_KNOB, POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB
+from ..budget import with_budget_knob
 from ..registry import MethodInfo, register
+from ..step_cost import build_with_budget
 from .drafter import MedusaDrafter, head_acceptance
 from .heads import (DEFAULT_HEADS_DIR, HEAD_LOSS_DECAY, MedusaHeads, MedusaLoadError, head_source, heads_spec,
                     load_heads)
@@ -78,15 +80,18 @@ def describe_medusa_tree(engine, value) -> str:
 
 
 def _build(engine, params: dict) -> MedusaDrafter:
-    return MedusaDrafter(engine.medusa, medusa_tree(engine, params["tree_choices"]), params["acceptance"],
-                         params["posterior_threshold"], params["posterior_alpha"])
+    def make(p: dict) -> MedusaDrafter:
+        return MedusaDrafter(engine.medusa, medusa_tree(engine, p["tree_choices"]), p["acceptance"],
+                             p["posterior_threshold"], p["posterior_alpha"])
+    return build_with_budget(engine, params, make, "medusa")
 
 
 METHOD = register(MethodInfo(
     "medusa", "Medusa",
     "Extra heads on the target's last hidden state propose a tree of tokens; the target verifies it in one "
     "pass (Cai et al. 2024). Lossless with exact acceptance; typical acceptance trades exactness for speed.",
-    lossless=True, knobs=(TREE_KNOB, MEDUSA_ACCEPTANCE_KNOB, POSTERIOR_THRESHOLD_KNOB, POSTERIOR_ALPHA_KNOB),
+    lossless=True, knobs=with_budget_knob((TREE_KNOB, MEDUSA_ACCEPTANCE_KNOB, POSTERIOR_THRESHOLD_KNOB,
+                                           POSTERIOR_ALPHA_KNOB)),
     sources=(SOURCE_TARGET,) + tuple(head_source(k) for k in range(1, MAX_MEDUSA_HEADS + 1)),
     source_labels={head_source(k): f"Medusa head {k}" for k in range(1, MAX_MEDUSA_HEADS + 1)},
     build=_build, requires=("medusa",),

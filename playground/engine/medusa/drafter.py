@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from ..drafter import DecodeState, Drafter
+from ..budget import AcceptanceEstimator
+from ..drafter import DecodeState, Drafter, StepResult
 from ..limits import POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB
 from ..tree import Candidates
 from ..verify import TypicalAcceptance
 from .heads import MedusaHeads, head_source
-from .trees import TreeBuffers, parse_tree_choices, tree_buffers
+from .trees import TreeBuffers, parse_tree_choices, rank_probs_from_accuracy, tree_buffers
 
 
 # ----- drafters ----------------------------------------------------------------------------------
@@ -49,6 +50,13 @@ class MedusaDrafter(Drafter):
         self.typical = TypicalAcceptance(POSTERIOR_THRESHOLD_KNOB.check(posterior_threshold),
                                          POSTERIOR_ALPHA_KNOB.check(posterior_alpha)) if acceptance == "typical" else None
         self.sources = [head_source(int(d)) for d in self.buffers.depths]
+        # Acceptance estimate per tree node: the heads' recorded rank accuracy (else a guess), then
+        # this run's verdicts at that node (the budget prunes the tree per step with it).
+        acc = getattr(heads, "top_k_accuracy", None)
+        ranks = rank_probs_from_accuracy(acc) if acc else None
+        self.priors = [ranks[d - 1][r] if ranks and d - 1 < len(ranks) else 0.3 / (r + 1) * 0.8 ** (d - 1)
+                       for d, r in zip(self.buffers.depths.tolist(), self.buffers.ranks.tolist())]
+        self.estimator = AcceptanceEstimator()
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Candidates:
@@ -67,7 +75,12 @@ class MedusaDrafter(Drafter):
         # 3. Node i's token: head depths[i]'s ranks[i]-th token.
         depths, ranks = self.buffers.depths[:n], self.buffers.ranks[:n]
         tokens = top[depths - 1, ranks]
-        return Candidates(tokens.to(state.device), self.buffers.parents[:n].to(state.device), self.sources[:n])
+        cand = Candidates(tokens.to(state.device), self.buffers.parents[:n].to(state.device), self.sources[:n])
+        cand.accept_probs = self.estimator.estimate(cand, list(range(n)), self.priors[:n])
+        return cand
+
+    def update(self, result: StepResult) -> None:
+        self.estimator.observe(result)
 
 
 # ----- statistics --------------------------------------------------------------------------------

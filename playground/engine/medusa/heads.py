@@ -79,7 +79,7 @@ class MedusaHeads(nn.Module):
             (attach it with :meth:`attach_lm_head`); keeps a checkpoint to a few MB.
         base_model_name_or_path: recorded in ``config.json``.
         top_k_accuracy: optional ``(num_heads, <= MEDUSA_TOP_K)`` held-out top-1..top-k accuracy
-            per head, used to choose a tree (:mod:`playground.engine.medusa_trees`).
+            per head, used to choose a tree (:mod:`playground.engine.medusa.trees`).
         proposal_vocab: optional sorted token ids the heads propose from (shared-``lm_head`` heads
             only; our extension, saved in ``config.json``). The heads then project onto those
             rows of the base ``lm_head`` only and every other token gets logit -inf: a head costs

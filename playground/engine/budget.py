@@ -1,0 +1,260 @@
+"""The per-step candidate budget: keep the part of a proposal that pays for its verification.
+
+On a CPU one target pass over n tokens costs noticeably more than over one (here about 8 % of a
+plain step per extra token), so a drafter that proposes blindly loses to plain decoding. Every
+drafter attaches to each candidate node i an estimate ``accept_probs[i]`` that node i is accepted
+given that its parent is (:class:`~playground.engine.tree.Candidates`). With path probability
+``P_i = prod(accept_probs along the root-to-i path)``, a kept subtree S (closed under parents)
+yields in expectation
+
+    E[tokens](S) = 1 + sum_{i in S} P_i            (1 = the bonus / correction token)
+
+and costs ``cost(1 + |S| + m)`` relative to a plain step, where m counts the drafter's extra
+queries (Lookahead's window) and ``cost`` is this device's measured step-cost curve. The budget
+keeps the S that maximises ``E[tokens](S) / cost(1 + |S| + m)``, and proposes nothing when no S
+beats a plain step (ratio 1).
+
+Because every ``accept_probs`` is at most 1, a child's P never exceeds its parent's, so for each
+size k the best subtree of size k is the k nodes of largest P (ties broken parents-first): the
+optimum is a prefix of the nodes sorted by P (:func:`best_subtree`). :func:`best_subtree_reference`
+enumerates every parent-closed subset (slow, obvious) and is what the tests compare against.
+
+The same idea is Sequoia's and Medusa's tree search (Chen et al. 2024, "Sequoia"; Cai et al. 2024,
+section 2.3.3) and EAGLE-2's dynamic tree (Li et al. 2024), there with a GPU's nearly flat cost.
+
+:class:`AcceptanceEstimator` turns a drafter's raw signal (a match length, a draft probability, a
+pool hit, a tree position) into calibrated ``accept_probs``: a Beta posterior per key, learnt
+from the verdicts of the nodes the target actually tested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Hashable
+
+import torch
+
+from .limits import ChoiceKnob
+from .theory import VerifyCost
+from .tree import Candidates, ExtraQueries
+
+BUDGET_AUTO = "auto"
+BUDGET_OFF = "off"
+BUDGET_KNOB = ChoiceKnob(
+    "budget", "Per-step budget", (BUDGET_AUTO, BUDGET_OFF), BUDGET_AUTO,
+    info="auto: keep only the candidates whose expected accepted tokens pay for their verification cost on this "
+         "device (measured once at load), and take a plain step when nothing pays. off: verify every candidate.")
+"""The ``budget`` knob every method has (:func:`with_budget_knob`)."""
+
+STEP_COST_SIZES = (2, 3, 5, 9, 17, 33)
+"""Query counts (root included) whose decoding-step cost :func:`measure_step_cost` times."""
+
+
+# ----- the step-cost curve ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepCost:
+    """This device's cost of one decoding step over q queries, relative to a plain step (q = 1).
+
+    Attributes:
+        chain: cost when the candidates form one chain (ordinary causal attention);
+        tree: cost when they form a tree (a custom attention mask, usually a little dearer).
+    """
+
+    chain: VerifyCost
+    tree: VerifyCost
+
+    def __call__(self, queries: int, is_chain: bool = False) -> float:
+        return (self.chain if is_chain else self.tree)(queries)
+
+    def as_dict(self) -> dict:
+        return {"chain": self.chain.as_dict(), "tree": self.tree.as_dict()}
+
+
+CostLike = StepCost | VerifyCost | Callable[[int], float]
+
+
+def _cost(cost: CostLike, queries: int, is_chain: bool) -> float:
+    if isinstance(cost, StepCost):
+        return cost(queries, is_chain)
+    return float(cost(queries))
+
+
+# ----- choosing the subtree ----------------------------------------------------------------------
+def path_probs(parents: list[int], accept_probs: list[float]) -> list[float]:
+    """``P_i``: the product of ``accept_probs`` along the root-to-i path (parents before children)."""
+    out: list[float] = []
+    for p, a in zip(parents, accept_probs):
+        out.append(a if p < 0 else out[p] * a)
+    return out
+
+
+def best_subtree(parents: list[int], accept_probs: list[float], cost: CostLike,
+                 extra_queries: int = 0) -> tuple[list[int], float]:
+    """The parent-closed subset of nodes with the most expected tokens per unit of step time.
+
+    Steps: 1. P_i along every path; 2. order the nodes by P descending (ties: lower index first,
+    so a parent precedes its children); 3. for each prefix size k, E = 1 + the prefix sum of P and
+    time = cost(1 + k + extra_queries) (chain cost while the prefix is one chain); 4. keep the k of
+    the best E / time (k = 0 is plain decoding, ratio ``1 / cost(1 + extra_queries)``).
+
+    Args:
+        parents: ``num_nodes`` parent indices (-1 = root), topological order.
+        accept_probs: ``num_nodes`` estimates in [0, 1].
+        cost: step cost relative to a plain step, by query count.
+        extra_queries: the drafter's extra queries riding in the pass (their cost is counted).
+
+    Returns:
+        ``(kept node indices in increasing order, the best ratio E / time)``.
+    """
+    n = len(parents)
+    P = path_probs(parents, [min(1.0, max(0.0, float(a))) for a in accept_probs])
+    order = sorted(range(n), key=lambda i: (-P[i], i))
+    best_k, best = 0, 1.0 / _cost(cost, 1 + extra_queries, True)
+    gain, chain, last, kept_set = 1.0, True, -1, set()
+    for k, i in enumerate(order, start=1):
+        if parents[i] >= 0 and parents[i] not in kept_set:  # only with P_i == 0 ties; never a better ratio
+            break
+        kept_set.add(i)
+        chain = chain and parents[i] == last
+        last = i
+        gain += P[i]
+        ratio = gain / _cost(cost, 1 + k + extra_queries, chain)
+        if ratio > best + 1e-12:
+            best_k, best = k, ratio
+    return sorted(order[:best_k]), best
+
+
+def best_subtree_reference(parents: list[int], accept_probs: list[float], cost: CostLike,
+                           extra_queries: int = 0) -> tuple[list[int], float]:
+    """Slow obvious reference of :func:`best_subtree`: try every parent-closed subset (2^n)."""
+    n = len(parents)
+    P = path_probs(parents, [min(1.0, max(0.0, float(a))) for a in accept_probs])
+    best_set, best = [], 1.0 / _cost(cost, 1 + extra_queries, True)
+    for mask in range(1, 1 << n):
+        nodes = [i for i in range(n) if mask >> i & 1]
+        if any(parents[i] >= 0 and not mask >> parents[i] & 1 for i in nodes):
+            continue
+        chain = all(parents[i] == (nodes[j - 1] if j else -1) for j, i in enumerate(nodes))
+        ratio = (1 + sum(P[i] for i in nodes)) / _cost(cost, 1 + len(nodes) + extra_queries, chain)
+        if ratio > best + 1e-12:
+            best_set, best = nodes, ratio
+    return best_set, best
+
+
+def subset(candidates: Candidates, keep: list[int]) -> Candidates:
+    """The candidates restricted to the parent-closed, increasing node indices ``keep`` (re-indexed;
+    ``draft_probs``, ``accept_probs`` and the extras' attention columns follow).
+
+    Raises:
+        ValueError: ``keep`` is not increasing or not closed under parents.
+    """
+    if keep == list(range(len(candidates))):
+        return candidates
+    new_index = {old: new for new, old in enumerate(keep)}
+    parents = candidates.parents.tolist()
+    if any(b <= a for a, b in zip(keep, keep[1:])):
+        raise ValueError(f"keep must be increasing node indices, got {keep}")
+    if any(parents[i] >= 0 and parents[i] not in new_index for i in keep):
+        raise ValueError(f"keep must be closed under parents, got {keep} for parents {parents}")
+    idx = torch.tensor(keep, dtype=torch.long)
+    dev = candidates.tokens.device
+    new_parents = torch.tensor([new_index[parents[i]] if parents[i] >= 0 else -1 for i in keep],
+                               dtype=torch.long, device=dev)
+    extras = candidates.extras
+    if extras is not None:
+        n, m = len(candidates), len(extras)
+        cols = torch.cat([torch.zeros(1, dtype=torch.long), idx + 1, torch.arange(n + 1, n + 1 + m)])
+        extras = ExtraQueries(extras.tokens, extras.positions, extras.attention[:, cols])
+    return Candidates(candidates.tokens[idx.to(dev)], new_parents, [candidates.sources[i] for i in keep],
+                      None if candidates.draft_probs is None else candidates.draft_probs[idx.to(candidates.draft_probs.device)],
+                      extras, None if candidates.accept_probs is None else candidates.accept_probs[idx])
+
+
+def apply_budget(candidates: Candidates, cost: CostLike | None) -> Candidates:
+    """The part of ``candidates`` worth verifying on this device (the loop calls it after propose).
+
+    Args:
+        candidates: the drafter's proposal; without ``accept_probs`` it is returned unchanged.
+        cost: this device's step cost (:class:`StepCost`, or any n -> relative cost); None: unchanged.
+
+    Returns:
+        The kept subtree (:func:`best_subtree`), its extras kept; empty candidates when no
+        proposal beats a plain step.
+    """
+    if cost is None or candidates.accept_probs is None or len(candidates) == 0:
+        return candidates
+    m = len(candidates.extras) if candidates.extras is not None else 0
+    keep, _ = best_subtree(candidates.parents.tolist(), candidates.accept_probs.tolist(), cost, m)
+    return subset(candidates, keep)
+
+
+# ----- acceptance estimates ------------------------------------------------------------------------
+def node_paths(candidates: Candidates) -> list[tuple[int, ...]]:
+    """The token path (root excluded) of every node: a node's identity across pruning and merging."""
+    tokens, out = candidates.tokens.tolist(), []
+    for i, p in enumerate(candidates.parents.tolist()):
+        out.append((out[p] if p >= 0 else ()) + (tokens[i],))
+    return out
+
+
+class AcceptanceEstimator:
+    """Calibrated ``accept_probs`` from a drafter's raw signal: a Beta posterior per key.
+
+    A drafter maps each node to a hashable ``key`` (a bin of its draft probability, a match length
+    and depth, a tree position) with a ``prior`` probability. The estimate is
+    ``(hits[key] + strength * prior) / (tests[key] + strength)``, where a node is *tested* when the
+    target reached it (its parent is the root or was accepted) and a *hit* when it was accepted.
+    Nodes are recognised in the verdict by their token paths (:func:`node_paths`), so pruning by
+    the budget or merging into a mixture tree loses nothing.
+
+    Args:
+        strength: weight of the prior, in pseudo-observations.
+    """
+
+    def __init__(self, strength: float = 4.0):
+        self.strength = float(strength)
+        self.hits: dict[Hashable, float] = {}
+        self.tests: dict[Hashable, float] = {}
+        self.pending: dict[tuple[int, ...], Hashable] = {}
+
+    def estimate(self, candidates: Candidates, keys: list[Hashable], priors: list[float]) -> torch.Tensor:
+        """``(num_nodes,)`` float32 estimates for ``candidates`` (one key and prior per node); the
+        nodes are remembered until the next :meth:`observe`."""
+        if len(keys) != len(candidates) or len(priors) != len(candidates):
+            raise ValueError(f"keys and priors need one entry per node ({len(candidates)}), "
+                             f"got {len(keys)} and {len(priors)}")
+        s = self.strength
+        self.pending = dict(zip(node_paths(candidates), keys))
+        return torch.tensor([(self.hits.get(k, 0.0) + s * p) / (self.tests.get(k, 0.0) + s)
+                             for k, p in zip(keys, priors)], dtype=torch.float32)
+
+    def observe(self, result) -> None:
+        """Count the tests and hits of the remembered nodes in a step's verdict (``StepResult``)."""
+        if not self.pending:
+            return
+        cand = result.candidates
+        parents = cand.parents.tolist()
+        accepted = set(result.path)
+        for i, path in enumerate(node_paths(cand)):
+            key = self.pending.get(path)
+            if key is None or not (parents[i] < 0 or parents[i] in accepted):
+                continue
+            self.tests[key] = self.tests.get(key, 0.0) + 1.0
+            if i in accepted:
+                self.hits[key] = self.hits.get(key, 0.0) + 1.0
+        self.pending = {}
+
+
+def probability_bin(p: float, bins: int = 10) -> int:
+    """The bin of a probability in [0, 1] (``bins`` equal bins), a key for :class:`AcceptanceEstimator`."""
+    return min(bins - 1, max(0, int(float(p) * bins)))
+
+
+def with_budget_knob(knobs: tuple) -> tuple:
+    """``knobs`` plus :data:`BUDGET_KNOB` (every method has it)."""
+    return tuple(knobs) + (BUDGET_KNOB,)
+
+
+__all__ = ["BUDGET_KNOB", "BUDGET_AUTO", "BUDGET_OFF", "StepCost", "best_subtree",
+           "best_subtree_reference", "subset", "apply_budget", "AcceptanceEstimator", "node_paths",
+           "probability_bin", "path_probs", "with_budget_knob"]

@@ -1,0 +1,234 @@
+"""Mixture: one candidate tree merged from several drafters, pruned to the budget, verified in one pass.
+
+Each member drafter proposes as it would alone; the proposals are merged into one prefix tree
+(:func:`merge_candidates`: nodes with the same token path are one node, which keeps the source
+of the first member that proposed it and the highest of the members' acceptance estimates), the
+per-step budget (:mod:`playground.engine.budget`) keeps the part that pays on this device, and
+the target verifies it in one pass. Every member then sees the step's verdict, so each keeps
+learning (suffix trees, the adjacency table, the n-gram pool) whoever proposed the tokens.
+
+Members must be deterministic (the mixture's nodes carry one-hot proposals, so the one-hot
+speculative-sampling rule keeps the target's distribution): suffix decoding, prompt lookup,
+token recycling, Lookahead (its Jacobi window rides in the pass as extra queries) and Medusa.
+The idea of merging several drafters' trees under one verification is SpecInfer's (Miao et al.
+2024, "collective boost-tuned" small models merged into a token tree).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .budget import AcceptanceEstimator, with_budget_knob
+from .step_cost import build_with_budget
+from .drafter import DecodeState, Drafter, StepResult
+from .events import SOURCE_LOOKAHEAD, SOURCE_PROMPT_LOOKUP, SOURCE_TARGET
+from .limits import ChoiceKnob
+from .registry import MethodInfo, register
+from .tree import Candidates, ExtraQueries
+
+MIXTURE_MEMBERS = ("suffix", "prompt_lookup", "recycling", "lookahead", "medusa")
+"""Drafters a mixture may hold (the deterministic ones)."""
+DEFAULT_MEMBERS = "suffix,recycling,prompt_lookup"
+UNKNOWN_ACCEPT = 0.3
+"""Acceptance estimate of a node whose member gives none."""
+
+
+def parse_members(value) -> str:
+    """Check a comma-separated member list (order = priority of sources); returns it normalised.
+
+    Raises:
+        ValueError: empty, unknown or repeated members.
+    """
+    names = [v.strip() for v in (value.split(",") if isinstance(value, str) else list(value)) if str(v).strip()]
+    if not names:
+        raise ValueError("members must name at least one drafter among " + ", ".join(MIXTURE_MEMBERS))
+    bad = [n for n in names if n not in MIXTURE_MEMBERS]
+    if bad:
+        raise ValueError(f"members must be among {', '.join(MIXTURE_MEMBERS)}, got {', '.join(bad)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"members must not repeat, got {','.join(names)}")
+    return ",".join(names)
+
+
+MEMBERS_KNOB = ChoiceKnob(
+    "members", "Members", (DEFAULT_MEMBERS, "suffix,recycling,prompt_lookup,lookahead", "suffix,recycling"),
+    DEFAULT_MEMBERS, info="Mixture: drafters whose candidates are merged into one tree, in priority order "
+                          "(a node shared by several keeps the first one's source).",
+    parse=parse_members, custom_label="a comma-separated list of " + ", ".join(MIXTURE_MEMBERS))
+
+
+def merge_candidates(parts: list[Candidates]) -> tuple[Candidates, list[list[int]]]:
+    """Merge candidate trees into one prefix tree.
+
+    Steps: 1. walk each part's nodes in order (parents first); 2. a node whose (merged parent,
+    token) already exists is that node (its acceptance estimate becomes the higher of the two);
+    3. otherwise it is a new node with the part's source. The merged tree is in topological order.
+
+    Args:
+        parts: candidate trees rooted at the same token; ``draft_probs`` must be None.
+
+    Returns:
+        ``(merged, maps)``: ``maps[k][i]`` is the merged index of part k's node i. ``accept_probs``
+        is None only when every part's is None (else :data:`UNKNOWN_ACCEPT` fills missing ones).
+
+    Raises:
+        ValueError: a part with ``draft_probs`` (a sampled proposal cannot be merged exactly).
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    sources: list[str] = []
+    accept: list[float] = []
+    index: dict[tuple[int, int], int] = {}
+    maps: list[list[int]] = []
+    any_accept = any(p.accept_probs is not None for p in parts)
+    for part in parts:
+        if part.draft_probs is not None:
+            raise ValueError("merge_candidates: a part has draft_probs; only deterministic proposals can be merged")
+        acc = part.accept_probs.tolist() if part.accept_probs is not None else [UNKNOWN_ACCEPT] * len(part)
+        mapping: list[int] = []
+        for t, p, s, a in zip(part.tokens.tolist(), part.parents.tolist(), part.sources, acc):
+            parent = mapping[p] if p >= 0 else -1
+            key = (parent, t)
+            j = index.get(key)
+            if j is None:
+                j = index[key] = len(tokens)
+                tokens.append(t)
+                parents.append(parent)
+                sources.append(s)
+                accept.append(a)
+            else:
+                accept[j] = max(accept[j], a)
+            mapping.append(j)
+        maps.append(mapping)
+    device = parts[0].tokens.device if parts else "cpu"
+    merged = Candidates(torch.tensor(tokens, dtype=torch.long, device=device),
+                        torch.tensor(parents, dtype=torch.long, device=device), sources,
+                        accept_probs=torch.tensor(accept, dtype=torch.float32) if any_accept else None)
+    return merged, maps
+
+
+def reference_merge(parts: list[Candidates]) -> dict[tuple[int, ...], str]:
+    """Slow obvious reference of :func:`merge_candidates`: token path -> source of the first part
+    proposing it (the merged tree must hold exactly these paths, with these sources)."""
+    out: dict[tuple[int, ...], str] = {}
+    for part in parts:
+        tokens, paths = part.tokens.tolist(), []
+        for i, p in enumerate(part.parents.tolist()):
+            paths.append((paths[p] if p >= 0 else ()) + (tokens[i],))
+            out.setdefault(paths[-1], part.sources[i])
+    return out
+
+
+def _remap_extras(extras: ExtraQueries, mapping: list[int], merged_nodes: int) -> ExtraQueries:
+    """The extras' attention ``(m, part_nodes + 1 + m)`` re-indexed to the merged tree's queries."""
+    m, n = len(extras), len(mapping)
+    attention = torch.zeros(m, merged_nodes + 1 + m, dtype=torch.bool)
+    attention[:, 0] = extras.attention[:, 0]
+    if n:
+        attention[:, 1 + torch.tensor(mapping)] = extras.attention[:, 1:n + 1]
+    attention[:, merged_nodes + 1:] = extras.attention[:, n + 1:]
+    return ExtraQueries(extras.tokens, extras.positions, attention)
+
+
+class MixtureDrafter(Drafter):
+    """Several drafters' candidates in one tree (see the module docstring).
+
+    Args:
+        members: ``(name, drafter)`` pairs in priority order; at most one may add extra queries.
+
+    Raises:
+        ValueError: no member, or a member that is not deterministic under sampling.
+    """
+
+    name = "mixture"
+    source = "mixture"
+
+    def __init__(self, members: list[tuple[str, Drafter]]):
+        if not members:
+            raise ValueError("a mixture needs at least one member drafter")
+        self.members = members
+        layers = {tuple(d.feature_layers) for _, d in members if d.feature_layers}
+        if len(layers) > 1:
+            raise ValueError(f"mixture members read different target features {sorted(layers)}; merge drafters that "
+                             "read the same layers")
+        self.feature_layers = layers.pop() if layers else ()  # every member sees the same DecodeState
+        self.accepted_by: dict[str, int] = {}
+        self.extras_owner: int | None = None
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        for _, d in self.members:
+            d.begin(list(prompt_ids))
+        self.accepted_by = {}
+
+    def propose(self, state: DecodeState) -> Candidates:
+        parts, extras, owner = [], None, None
+        for k, (_, d) in enumerate(self.members):
+            c = d.propose(state)
+            if c.draft_probs is not None:
+                raise ValueError(f"mixture member {self.members[k][0]} proposed sampled tokens (draft_probs); "
+                                 "only deterministic drafters can be merged")
+            if c.extras is not None and extras is None:
+                extras, owner = c.extras, k
+            parts.append(Candidates(c.tokens, c.parents, c.sources, accept_probs=c.accept_probs))
+        merged, maps = merge_candidates(parts)
+        self.extras_owner = owner
+        if extras is not None:
+            merged.extras = _remap_extras(extras, maps[owner], len(merged))
+            merged.__post_init__()
+        return merged
+
+    def update(self, result: StepResult) -> None:
+        for c in result.path:
+            s = result.candidates.sources[c]
+            self.accepted_by[s] = self.accepted_by.get(s, 0) + 1
+        for k, (_, d) in enumerate(self.members):
+            d.update(result if k == self.extras_owner else
+                     StepResult(result.candidates, result.path, result.bonus_token, result.tokens, None,
+                                logits=result.logits))
+
+    def finish(self, tokens: list[int], prompt_len: int) -> None:
+        for _, d in self.members:
+            d.finish(tokens, prompt_len)
+
+    def info(self) -> dict[str, int]:
+        """Accepted tokens so far by member source (``accepted_<source>``)."""
+        return {f"accepted_{s}": n for s, n in sorted(self.accepted_by.items())}
+
+
+def _build(engine, params: dict) -> MixtureDrafter:
+    from .recycling import RECYCLING_METHOD, build_recycling
+    from .registry import MethodSpec
+    from .suffix import SUFFIX_METHOD, build_suffix
+
+    def defaults(info) -> dict:
+        return {**{k.name: k.default for k in info.knobs}, "budget": "off"}
+
+    def make(p: dict) -> MixtureDrafter:
+        members = []
+        owner = f"mixture[{parse_members(p['members'])}]"  # each members setting learns on its own
+        for name in parse_members(p["members"]).split(","):
+            if name == "medusa" and getattr(engine, "medusa", None) is None:
+                continue  # Medusa joins only when heads are loaded
+            # Each member with its default knobs and no budget of its own (the merged tree is pruned);
+            # learned state of its own (the mixture never reads what the suffix method learnt).
+            if name == "suffix":
+                members.append((name, build_suffix(engine, defaults(SUFFIX_METHOD), owner=owner)))
+            elif name == "recycling":
+                members.append((name, build_recycling(engine, defaults(RECYCLING_METHOD), owner=owner)))
+            else:
+                member = engine.make_drafter(MethodSpec(name, {"budget": "off"}))
+                if isinstance(getattr(member, "estimator", None), AcceptanceEstimator):  # calibration of its own
+                    member.estimator = engine.persistent(f"learned/{owner}/acceptance/{name}", AcceptanceEstimator)
+                members.append((name, member))
+        return MixtureDrafter(members)
+    return build_with_budget(engine, params, make)
+
+
+METHOD = MIXTURE_METHOD = register(MethodInfo(
+    name="mixture", label="Mixture",
+    description="Candidates of several training-free drafters (suffix trees, token recycling, prompt lookup; "
+                "optionally Lookahead and Medusa) merged into one tree, pruned to this device's budget and "
+                "verified in one pass; each token keeps the colour of the drafter that proposed it.",
+    lossless=True, knobs=with_budget_knob((MEMBERS_KNOB,)),
+    sources=(SOURCE_TARGET, "suffix", "recycling", SOURCE_PROMPT_LOOKUP, SOURCE_LOOKAHEAD, "medusa_head_1"),
+    source_labels={}, build=_build, learns_across_runs=True))

@@ -1,0 +1,170 @@
+"""Measuring this device's step-cost curve for the per-step budget, and wiring drafters to it.
+
+The budget itself (:mod:`.budget`) is pure arithmetic on candidates; this module runs real decoding
+steps to time it (so it imports the loop, which the budget's own module must not) and builds each
+method's drafter with its ``budget`` knob (:func:`build_with_budget`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .budget import BUDGET_AUTO, BUDGET_OFF, STEP_COST_SIZES, AcceptanceEstimator, StepCost
+from .theory import VerifyCost
+from .drafter import Drafter
+from .tree import Candidates
+
+
+class _FixedDrafter(Drafter):
+    """Proposes ``n`` nodes of one fixed token (a chain, or a binary tree) every step: timing only."""
+
+    name = "step_cost_probe"
+    source = "probe"
+
+    def __init__(self, n: int, chain: bool, token: int):
+        self.n, self.token = n, token
+        self.parents = torch.arange(-1, n - 1) if chain else torch.tensor([(i - 1) // 2 for i in range(n)])
+
+    def propose(self, state) -> Candidates:
+        n = min(self.n, state.budget)
+        if n <= 0:
+            return Candidates.empty(state.device)
+        # Node i of a binary tree sits at depth floor(log2(i + 1)) + 1 <= budget: trim to fit.
+        parents = self.parents[:n]
+        depths = Candidates(torch.zeros(n, dtype=torch.long), parents, [""] * n).depths()
+        n = sum(1 for d in depths if d <= state.budget)
+        return Candidates(torch.full((n,), self.token, dtype=torch.long), parents[:n].clone(), [self.source] * n)
+
+
+MIN_COST_SLOPE = 0.02
+"""Floor on the cost of each query beyond two, relative to a plain step: a pass over more tokens is
+never free on a CPU, and a loaded machine's timing noise must not make big trees look so."""
+
+
+def measure_step_cost(target, prompt_ids: list[int], sizes: Sequence[int] = STEP_COST_SIZES,
+                      rounds: int = 10, seed: int = 0) -> StepCost:
+    """Time real decoding steps that verify q - 1 candidate nodes, against plain decoding steps.
+
+    Steps (as ``medusa_trees.measure_step_cost`` does for Medusa trees, made robust to a shared,
+    loaded machine): 1. start one greedy decode of ``prompt_ids`` per (q, shape), the candidates
+    fixed tokens (rejected almost always, so every step commits one token, as a failed speculation
+    does), plus one plain decode; 2. step them for ``rounds`` rounds, in a freshly shuffled order each
+    round (the first two steps untimed), so that drift in the machine's speed hits all alike;
+    3. per size the lower quartile of its step times (load only ever adds time); 4. per shape a
+    least-squares line ``t(q) = a + b (q - 1)`` through those for q >= 2 (one noisy size cannot
+    bend the curve), its slope at least ``MIN_COST_SLOPE`` of a plain step; 5. cost(q) = t(q) /
+    t_plain. cost(2) may be below 1: where a plain step's one-row kernels are slower than a
+    two-query pass, proposing one token is then cheaper than proposing none.
+
+    Args:
+        target: the target :class:`~playground.engine.target.CausalLM`.
+        prompt_ids: ``(prompt_len,)`` a prompt to decode from (the cache grows by one token a step).
+        sizes: query counts q >= 2 to time (root included).
+        rounds: timed steps per size.
+        seed: seeds the order shuffles.
+
+    Returns:
+        :class:`StepCost` (chain and tree curves at q = 1, 2, 3, 5, 9, 17, 33, 65; ``seconds`` hold the
+        measured lower quartiles in seconds).
+
+    Raises:
+        ValueError: an empty prompt or ``rounds`` below 1.
+    """
+    import random
+
+    from .autoregressive import AutoregressiveDrafter
+    from .decoding import GenerationSettings, decode
+
+    if not prompt_ids:
+        raise ValueError("measure_step_cost needs a non-empty prompt")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    token = int(prompt_ids[-1])
+    sizes = sorted({int(s) for s in sizes if s >= 2})
+    # Room for every step's new token and, at the last step, the largest proposal (the loop caps a
+    # proposal at the tokens left: a short run would time smaller passes than asked).
+    settings = GenerationSettings(max_new_tokens=rounds + 4 + max(sizes, default=1))
+    runs = {("plain", 1): decode(target, AutoregressiveDrafter(), prompt_ids, settings)}
+    for q in sizes:
+        for shape in ("chain", "tree"):
+            runs[(shape, q)] = decode(target, _FixedDrafter(q - 1, shape == "chain", token), prompt_ids, settings)
+    times: dict = {key: [] for key in runs}
+    rng = random.Random(seed)
+    order = list(runs)
+    for _ in range(rounds + 2):
+        rng.shuffle(order)
+        for key in order:
+            event = next(runs[key], None)
+            if event is not None and event.step > 1 and not event.finished:
+                times[key].append(event.seconds)
+
+    def low(ts: list[float]) -> float:
+        ts = sorted(ts)
+        return ts[(len(ts) - 1) // 4]
+
+    base = low(times[("plain", 1)])
+    curves = {}
+    for shape in ("chain", "tree"):
+        points = [(q, low(t)) for (s, q), t in times.items() if s == shape and t]
+        seconds = {1: base, **dict(points)}
+        if len(points) >= 2:
+            xs, ys = [q - 1 for q, _ in points], [t for _, t in points]
+            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+            b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / max(1e-12, sum((x - mx) ** 2 for x in xs))
+            a = my - b * mx
+        else:
+            a, b = (points[0][1], 0.0) if points else (base, 0.0)
+        # Through the fitted two-query cost, rising at least MIN_COST_SLOPE a query. It may start below
+        # 1: on some CPUs the one-row kernels make a plain step dearer than a two-query one (seen here).
+        t2, slope = a + b, max(b, MIN_COST_SLOPE * base)
+        table = {1: 1.0, **{q: max(1e-3, (t2 + slope * (q - 2)) / base) for q in (2, 3, 5, 9, 17, 33, 65)}}
+        curves[shape] = VerifyCost(table, seconds, source=f"decoding steps verifying a {shape} of q - 1 nodes "
+                                                          "(lower quartiles, a least-squares line), relative to "
+                                                          "plain steps")
+    return StepCost(curves["chain"], curves["tree"])
+
+
+# ----- wiring a drafter to the budget ------------------------------------------------------------
+CALIBRATION_PROMPT = "Explain, step by step, how a bicycle works and why riding one is good exercise."
+"""Chat prompt whose decoding steps :func:`engine_step_cost` times."""
+
+
+def engine_step_cost(engine) -> StepCost:
+    """This engine's step-cost curve, measured once (``engine.persistent("step_cost", ...)``) on
+    :data:`CALIBRATION_PROMPT` (or fixed ids for a bare model without a tokenizer)."""
+    def measure() -> StepCost:
+        target = engine.target_lm
+        ids = [1 + i % (target.vocab_size - 1) for i in range(16)]  # a bare model (tests, API users)
+        if getattr(engine.target, "tokenizer", None) is not None:
+            try:
+                ids = engine.encode_prompt(CALIBRATION_PROMPT)
+            except ValueError:  # a context too small for the calibration prompt: the fixed ids
+                pass
+        # Fit the context: the prompt, the steps' new tokens and the largest pass.
+        ctx = int(getattr(engine.target, "context_length", 0) or 1 << 30)
+        rounds = 10
+        ids = ids[:max(1, min(len(ids), ctx // 2))]
+        sizes = [q for q in STEP_COST_SIZES if len(ids) + rounds + 4 + 2 * q <= ctx] or [2]
+        return measure_step_cost(target, ids, sizes, rounds)
+    return engine.persistent("step_cost", measure)
+
+
+def build_with_budget(engine, params: dict, make, owner: str | None = None):
+    """``make(params without budget)``, with ``budget_cost`` set when the ``budget`` knob is ``auto``,
+    and its acceptance estimator (an ``estimator`` attribute) replaced by the engine's one for this
+    ``owner`` and these params (``learned/<owner>/acceptance/...``): the calibration keeps learning
+    across runs instead of starting from the priors every run (the benchmark forgets ``learned/``
+    after warm-up, so it learns from earlier questions only).
+
+    Every method's ``build`` goes through here, so the knob means the same for all."""
+    key = ",".join(f"{k}={params[k]}" for k in sorted(params))
+    params = dict(params)
+    mode = params.pop("budget", BUDGET_OFF)  # a method without the knob (the baseline) has no budget
+    drafter = make(params)
+    if mode == BUDGET_AUTO and engine is not None:
+        drafter.budget_cost = engine_step_cost(engine)
+    if owner and engine is not None and isinstance(getattr(drafter, "estimator", None), AcceptanceEstimator):
+        drafter.estimator = engine.persistent(f"learned/{owner}/acceptance/{key}", AcceptanceEstimator)
+    return drafter

@@ -1,0 +1,136 @@
+"""Benchmark with every method stepped round-robin, one step each in turn (as the page runs them).
+
+``python -m playground.bench`` runs each method to the end before the next starts; on a shared
+machine whose load changes by the second, that puts each method in different weather. Here every
+(question, method) run advances one step at a time in turn, so load drift hits all methods alike,
+and each method's clock counts only its own steps. The same method may run under several knob
+settings (``prompt_lookup:budget=off``). Records have the benchmark's fields (``check_bench.py``
+reads them); the table is tokens/s over the baseline's per category (total tokens / total seconds).
+
+    python scripts/bench_interleaved.py --questions FILE.jsonl --methods autoregressive,prompt_lookup,\
+        prompt_lookup:budget=off,suffix --max-new-tokens 64 --threads 1 --out results.jsonl
+
+Learned state (suffix caches, recycling tables) is forgotten after the warm-up, so each method learns
+only from earlier questions' outputs of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+
+import torch
+
+
+def parse_method(text: str):
+    from playground.engine import MethodSpec
+
+    name, _, rest = text.partition(":")
+    params = {}
+    for item in filter(None, rest.split(";")):
+        k, _, v = item.partition("=")
+        v = v.replace("+", ",")  # members=suffix+recycling: commas separate methods
+        try:
+            params[k] = json.loads(v)
+        except json.JSONDecodeError:
+            params[k] = v
+    return text, MethodSpec(name, params)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--questions", required=True)
+    ap.add_argument("--methods", required=True,
+                    help="comma-separated NAME[:knob=value;knob=value] (a list value joined by '+')")
+    ap.add_argument("--per-category", type=int, default=0, metavar="N",
+                    help="keep the first N questions of each category (0: all); first turns only either way")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--out", default="interleaved.jsonl")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from playground.bench import WARMUP_PROMPT, load_questions
+    from playground.engine import Engine, RunOutput
+    from playground.engine.decoding import GenerationSettings
+
+    methods = [parse_method(m) for m in args.methods.split(",")]
+    assert methods[0][1].name == "autoregressive", "the baseline goes first"
+    names = {spec.name for _, spec in methods}
+    engine = Engine.load("default", dtype=args.dtype, methods=sorted(names))
+    settings = GenerationSettings(max_new_tokens=args.max_new_tokens)
+    questions = load_questions(args.questions)
+    if args.per_category:
+        seen: dict = {}
+        questions = [q for q in questions if seen.setdefault(q.category, []).append(q) or
+                     len(seen[q.category]) <= args.per_category]
+
+    def run_all(ids, label_drafters):
+        outs = {label: RunOutput(label, {}) for label, _ in label_drafters}
+        streams = [(label, engine._steps(ids, label, d, settings, None)) for label, d in label_drafters]
+        while streams:
+            for item in list(streams):
+                event = next(item[1], None)
+                if event is None:
+                    streams.remove(item)
+                    continue
+                outs[item[0]].add(event)
+        return outs
+
+    warm = engine.encode_prompt(WARMUP_PROMPT)
+    run_all(warm, [(label, engine.make_drafter(spec)) for label, spec in methods])
+    engine.forget("learned/")
+    t0 = time.perf_counter()
+    records = []
+    with open(args.out, "w") as f, torch.inference_mode():
+        for q in questions:
+            ids = engine.encode_prompt(q.turns[0])
+            outs = run_all(ids, [(label, engine.make_drafter(spec)) for label, spec in methods])
+            for label, spec in methods:
+                o = outs[label]
+                s = o.last.stats
+                rec = {"question_id": q.question_id, "category": q.category, "turn": 1, "method": label,
+                       "params": spec.params, "new_tokens": s.new_tokens, "steps": s.steps, "wall_s": s.elapsed_s,
+                       "ttft_s": s.ttft_s, "tokens_per_s": s.tokens_per_s, "mean_accepted_tokens": s.tau,
+                       "acceptance_rate": s.alpha, "output_ids": o.ids, "output_text": o.text}
+                f.write(json.dumps(rec) + "\n")
+                records.append(rec)
+            f.flush()
+            print(f"q {q.question_id} ({q.category}) done, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    print(table(records, [label for label, _ in methods]))
+    return 0
+
+
+def table(records: list[dict], labels: list[str]) -> str:
+    """Speedup (total tokens / total seconds over the baseline's) per category, tau and lossless."""
+    tot = collections.defaultdict(lambda: [0, 0.0, 0])
+    base = {(r["question_id"], r["turn"]): r["output_ids"] for r in records if r["method"] == labels[0]}
+    bad = collections.Counter()
+    cats = list(dict.fromkeys(r["category"] for r in records)) + ["overall"]
+    for r in records:
+        for c in (r["category"], "overall"):
+            t = tot[(c, r["method"])]
+            t[0] += r["new_tokens"]
+            t[1] += r["wall_s"]
+            t[2] += r["steps"]
+        if r["output_ids"] != base[(r["question_id"], r["turn"])]:
+            bad[r["method"]] += 1
+    width = max(12, *(len(x) for x in labels)) + 1
+    lines = ["category".ljust(15) + "".join(x.rjust(width) for x in labels)]
+    for c in cats:
+        b = tot[(c, labels[0])]
+        lines.append(c.ljust(15) + "".join(f"{(tot[(c, x)][0] / tot[(c, x)][1]) / (b[0] / b[1]):.2f}x".rjust(width)
+                                            for x in labels))
+    lines.append("tau".ljust(15) + "".join(f"{tot[('overall', x)][0] / tot[('overall', x)][2]:.2f}".rjust(width)
+                                          for x in labels))
+    lines.append("tokens/s".ljust(15) + "".join(f"{tot[('overall', x)][0] / tot[('overall', x)][1]:.1f}".rjust(width)
+                                               for x in labels))
+    lines.append("mismatches".ljust(15) + "".join(str(bad[x]).rjust(width) for x in labels))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

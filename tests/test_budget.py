@@ -1,0 +1,161 @@
+"""The per-step budget: the chosen subtree is the best one (against exhaustive enumeration), pruning
+keeps the proposal's structure, the acceptance estimator counts only tested nodes, and greedy
+output with the budget on equals the baseline."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from helpers import FakeLoaded, clear_greedy_baseline, tiny_llama
+from playground.engine.step_cost import measure_step_cost
+from playground.engine.budget import (AcceptanceEstimator, StepCost, apply_budget, best_subtree,
+                                      best_subtree_reference, node_paths, subset)
+from playground.engine import Engine, MethodSpec
+from playground.engine.drafter import StepResult
+from playground.engine.decoding import GenerationSettings
+from playground.engine.prompt_lookup import PromptLookupDrafter
+from playground.engine.target import CausalLM
+from playground.engine.theory import VerifyCost
+from playground.engine.tree import Candidates, ExtraQueries
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+CPU_LIKE = StepCost(VerifyCost({1: 1.0, 2: 1.08, 5: 1.3, 9: 1.6, 17: 2.2, 33: 3.5}),
+                    VerifyCost({1: 1.0, 2: 1.1, 5: 1.35, 9: 1.7, 17: 2.4, 33: 3.8}))
+"""A CPU-like cost curve: about 8 % of a plain step per extra query (trees a little dearer)."""
+
+
+def _random_tree(rng: random.Random, n: int) -> tuple[list[int], list[float]]:
+    parents = [rng.randrange(-1, i) for i in range(n)]
+    probs = [rng.choice([0.0, 0.05, 0.3, 0.6, 0.9, 1.0, rng.random()]) for _ in range(n)]
+    return parents, probs
+
+
+def test_best_subtree_equals_exhaustive_reference():
+    """On 400 random trees of 0..11 nodes (random acceptance estimates, ties and zeros included) and
+    three cost curves (CPU-like, GPU-like flat, steep), with and without extra queries, the fast
+    best_subtree (a prefix of the nodes by path probability) reaches the same best ratio of
+    expected tokens to step cost as trying every parent-closed subset, and its choice is
+    parent-closed."""
+    rng = random.Random(0)
+    costs = [CPU_LIKE, VerifyCost({1: 1.0, 64: 1.05}), VerifyCost({1: 1.0, 2: 1.5, 9: 5.0})]
+    for trial in range(400):
+        parents, probs = _random_tree(rng, rng.randrange(0, 12))
+        cost, extra = costs[trial % 3], (0, 0, 3)[trial % 3 == 0 and trial % 2]
+        fast, ratio = best_subtree(parents, probs, cost, extra)
+        _, ref_ratio = best_subtree_reference(parents, probs, cost, extra)
+        assert ratio == pytest.approx(ref_ratio, rel=1e-9), (parents, probs, trial)
+        assert all(parents[i] < 0 or parents[i] in fast for i in fast)
+
+
+def test_budget_prunes_to_what_pays_and_proposes_nothing_when_nothing_does():
+    """A chain of likely tokens is kept while the next token's path probability pays for its cost; a
+    proposal of unlikely tokens becomes empty (a plain step); with a flat (GPU-like) cost every
+    node with a positive estimate is kept; without estimates or without a cost nothing changes."""
+    chain = Candidates.chain([5, 6, 7, 8, 9], "x", accept_probs=[0.9, 0.9, 0.9, 0.2, 0.9])
+    kept = apply_budget(chain, CPU_LIKE)
+    assert kept.tokens.tolist() == [5, 6, 7]
+    weak = Candidates.chain([5, 6], "x", accept_probs=[0.05, 0.5])
+    assert len(apply_budget(weak, CPU_LIKE)) == 0
+    assert len(apply_budget(weak, VerifyCost({1: 1.0}))) == 2
+    assert apply_budget(Candidates.chain([5, 6], "x"), CPU_LIKE).tokens.tolist() == [5, 6]
+    assert apply_budget(weak, None) is weak
+
+
+def test_subset_reindexes_tree_extras_and_estimates():
+    """subset keeps tokens, sources, estimates and the extras' attention columns of the kept nodes,
+    re-indexed in order; a set not closed under parents is refused."""
+    cand = Candidates(torch.tensor([10, 11, 12, 13]), torch.tensor([-1, -1, 0, 2]), ["a", "b", "c", "d"],
+                      accept_probs=torch.tensor([0.9, 0.1, 0.8, 0.7]))
+    att = torch.zeros(2, 4 + 1 + 2, dtype=torch.bool)
+    att[:, 0] = True
+    att[0, 3] = True  # extra 0 sees node 2 (column 3)
+    att[1, 5:] = True
+    cand.extras = ExtraQueries(torch.tensor([1, 2]), torch.tensor([1, 2]), att)
+    out = subset(cand, [0, 2, 3])
+    assert out.tokens.tolist() == [10, 12, 13] and out.parents.tolist() == [-1, 0, 1]
+    assert out.sources == ["a", "c", "d"] and out.accept_probs.tolist() == pytest.approx([0.9, 0.8, 0.7])
+    assert out.extras.attention.shape == (2, 3 + 1 + 2)
+    assert out.extras.attention[0].tolist() == [True, False, True, False, False, False]
+    assert out.extras.attention[1].tolist() == [True, False, False, False, True, True]
+    with pytest.raises(ValueError, match="closed under parents"):
+        subset(cand, [2, 3])
+
+
+def test_estimator_counts_only_tested_nodes_by_token_path():
+    """A node counts as tested only when the target reached it (its parent is the root or was
+    accepted), and as a hit when accepted; nodes are found by their token paths even after the
+    proposal was pruned; the estimate moves from the prior towards the observed rate."""
+    est = AcceptanceEstimator(strength=2.0)
+    cand = Candidates(torch.tensor([1, 2, 3, 4]), torch.tensor([-1, 0, 1, -1]), ["s"] * 4)
+    prior = est.estimate(cand, ["a", "b", "c", "d"], [0.5, 0.5, 0.5, 0.5])
+    assert prior.tolist() == [0.5] * 4
+    pruned = subset(cand, [0, 1, 2])  # node 3 (key d) pruned away
+    est.observe(StepResult(pruned, [0], bonus_token=9))  # 1 accepted, 2 rejected, 3 never reached
+    assert est.tests == {"a": 1.0, "b": 1.0} and est.hits == {"a": 1.0}
+    after = est.estimate(cand, ["a", "b", "c", "d"], [0.5] * 4)
+    assert after.tolist() == pytest.approx([(1 + 1) / 3, 1 / 3, 0.5, 0.5])
+    assert node_paths(cand) == [(1,), (1, 2), (1, 2, 3), (4,)]
+
+
+def test_measure_step_cost_times_the_sizes_asked():
+    """Every probe step verifies exactly the q - 1 nodes asked for, to the last timed round (the loop
+    caps proposals at the tokens left, so the runs must be long enough)."""
+    from playground.engine import step_cost as B
+
+    seen = []
+    real = B._FixedDrafter.propose
+
+    def spy(self, state):
+        cand = real(self, state)
+        seen.append((self.n, len(cand)))
+        return cand
+    B._FixedDrafter.propose = spy
+    try:
+        measure_step_cost(CausalLM(tiny_llama(0)), [1, 2, 3], sizes=(9, 33), rounds=3)
+    finally:
+        B._FixedDrafter.propose = real
+    assert seen and all(n == got for n, got in seen)
+
+
+def test_measure_step_cost_is_relative_and_non_decreasing():
+    """The measured step-cost curves (chain and tree) are 1 at one query and never decrease from two
+    queries on (by at least 2 % of a plain step a query)."""
+    cost = measure_step_cost(CausalLM(tiny_llama(0)), [1, 2, 3, 4, 5], sizes=(2, 5, 9), rounds=3)
+    for curve in (cost.chain, cost.tree):
+        table = [curve.table[q] for q in sorted(curve.table)]
+        assert table[0] == 1.0 and table[1:] == sorted(table[1:]) and set(curve.table) == {1, 2, 3, 5, 9, 17, 33, 65}
+        assert set(curve.seconds) == {1, 2, 5, 9}
+        assert all(curve.table[q] >= curve.table[2] + 0.02 * (q - 2) - 1e-9 for q in curve.table if q >= 2)
+
+
+@pytest.mark.parametrize("method", ["prompt_lookup", "lookahead", "suffix", "recycling", "mixture", "draft_model"])
+def test_budget_auto_is_lossless_through_the_engine(method):
+    """Through Engine.run with budget auto (the measured cost of this machine) and off, greedy output of
+    each method equals the autoregressive baseline on 8 prompts of a tiny model."""
+    from helpers import noisy_copy
+    model = tiny_llama(3)
+    engine = Engine(FakeLoaded(model), FakeLoaded(noisy_copy(model, 0.03, 1)))
+    g = torch.Generator().manual_seed(5)
+    for budget in ("auto", "off"):
+        for _ in range(4):
+            prompt, baseline, _ = clear_greedy_baseline(engine.target_lm, g, 10, 5, 24)
+            out = [t for e in engine.run_one(prompt, MethodSpec(method, {"budget": budget}),
+                                             GenerationSettings(max_new_tokens=24)) for t in e.tokens]
+            assert out == baseline, (method, budget)
+
+
+def test_prompt_lookup_estimates_follow_match_length():
+    """Prompt lookup's estimates start higher for longer matches and deeper in a copy, and come with
+    every proposal."""
+    d = PromptLookupDrafter(3, 4)
+    from playground.engine.drafter import DecodeState
+    from playground.engine.sampling import SamplingConfig
+    st = lambda toks: DecodeState(toks, 2, SamplingConfig(), None, 8, torch.device("cpu"), 64)  # noqa: E731
+    long = d.propose(st([1, 2, 3, 4, 5, 1, 2, 3]))
+    short = d.propose(st([7, 8, 9, 7]))
+    assert long.accept_probs[0] > short.accept_probs[0]
+    assert long.accept_probs[1] >= long.accept_probs[0]

@@ -1,0 +1,131 @@
+"""Mixture: the merge against a slow reference (shared prefixes merged, first proposer's source kept),
+extras carried through, then the checks every method passes (greedy equal to the baseline, EOS
+inside a block, the token limit, no EOS id, streaming, sampling exactness)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import drafter_checks as checks
+from playground.engine.budget import node_paths
+from playground.engine.lookahead import LookaheadDrafter
+from playground.engine.mixture import MixtureDrafter, merge_candidates, parse_members, reference_merge
+from playground.engine.prompt_lookup import PromptLookupDrafter
+from playground.engine.recycling import RecyclingDrafter
+from playground.engine.suffix import SuffixDrafter
+from playground.engine.tree import Candidates
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+
+def factory(vocab_size, budget_cost, lookahead: bool = False):
+    members = [("suffix", SuffixDrafter()), ("recycling", RecyclingDrafter(vocab_size)),
+               ("prompt_lookup", PromptLookupDrafter())]
+    if lookahead:
+        members.append(("lookahead", LookaheadDrafter()))
+    d = MixtureDrafter(members)
+    d.budget_cost = budget_cost
+    return d
+
+
+def _random_part(rng, source):
+    n = rng.randint(0, 8)
+    parents = [rng.randrange(-1, i) for i in range(n)]
+    return Candidates(torch.tensor([rng.randint(0, 3) for _ in range(n)], dtype=torch.long),
+                      torch.tensor(parents, dtype=torch.long), [source] * n,
+                      accept_probs=torch.rand(n, generator=torch.Generator().manual_seed(n)))
+
+
+def test_merge_equals_reference():
+    """On 300 random sets of 1..4 trees, the merged tree holds exactly the union of their token paths,
+    each once, with the source of the first tree proposing it, in topological order; each part's
+    node maps to the merged node of the same path, whose estimate is the highest of those merged."""
+    rng = random.Random(2)
+    for _ in range(300):
+        parts = [_random_part(rng, f"s{k}") for k in range(rng.randint(1, 4))]
+        merged, maps = merge_candidates(parts)
+        paths = node_paths(merged)
+        assert len(set(paths)) == len(paths)
+        assert dict(zip(paths, merged.sources)) == reference_merge(parts)
+        for part, mapping in zip(parts, maps):
+            for i, path in enumerate(node_paths(part)):
+                assert paths[mapping[i]] == path
+                assert float(merged.accept_probs[mapping[i]]) >= float(part.accept_probs[i]) - 1e-7
+
+
+def test_members_knob_checks_names():
+    assert parse_members(" suffix , recycling") == "suffix,recycling"
+    with pytest.raises(ValueError, match="members must be among"):
+        parse_members("suffix,draft_model")
+    with pytest.raises(ValueError, match="repeat"):
+        parse_members("suffix,suffix")
+
+
+def test_greedy_equals_baseline_over_many_seeds():
+    """24 prompts on 4 tiny models, budget off and on: greedy mixture output (suffix, recycling,
+    prompt lookup) equals the baseline token for token; tokens were accepted and rejected."""
+    checks.greedy_sweep(factory)
+
+
+def test_greedy_with_lookahead_window_equals_baseline():
+    """With Lookahead as a member its Jacobi window rides in the pass as extra queries, re-indexed to
+    the merged tree: still equal to the baseline, and the pool's tokens are accepted sometimes."""
+    checks.greedy_sweep(lambda v, b: factory(v, b, lookahead=True), seeds=12)
+
+
+def test_sources_are_kept_per_member():
+    """Accepted tokens carry the source of the member that proposed them; info() counts them."""
+    script = checks.TOK.encode("abcabcabcabcabcabcabc")
+    prompt = checks.TOK.encode("Q: ") + script
+    d = factory(checks.TOK.vocab_size, None)
+    events = checks.run_events(checks.scripted(script, len(prompt)), d, prompt, 20)
+    sources = {s for e in events for s in e.sources}
+    assert sources - {"target"} and sources <= {"target", "suffix", "recycling", "prompt_lookup"}
+    assert sum(d.info().values()) == sum(e.accepted for e in events)
+
+
+def test_eos_inside_block():
+    checks.eos_inside_block(factory)
+
+
+def test_max_new_tokens_cap():
+    checks.max_new_tokens_cap(factory)
+
+
+def test_no_eos_id():
+    checks.no_eos_id(factory)
+
+
+def test_streamed_text_equals_final_text():
+    checks.streamed_equals_final(factory)
+
+
+def test_sampling_matches_target_distribution():
+    checks.sampling_exact(factory)
+
+
+def test_learned_state_is_never_shared_between_methods_or_settings():
+    """Each method and setting has its own suffix cache and recycling table in the engine (runs of one
+    setting share them, so it learns across runs); running two side by side, neither learns from the
+    other's passes on the same prompt."""
+    from helpers import FakeLoaded, tiny_llama
+    from playground.engine import Engine, MethodSpec
+
+    engine = Engine(FakeLoaded(tiny_llama(0)))
+    build = lambda name, params=None: engine.make_drafter(MethodSpec(name, dict(params or {}, budget="off")))  # noqa: E731
+    a, b = build("mixture"), build("mixture")
+    c = build("mixture", {"members": "suffix,recycling"})
+    suffix_alone, suffix_auto = build("suffix"), engine.make_drafter(MethodSpec("suffix"))
+    cache = lambda mix: dict(mix.members)["suffix"].cache  # noqa: E731
+    table = lambda mix: dict(mix.members)["recycling"].table  # noqa: E731
+    assert cache(a) is cache(b) and table(a) is table(b)
+    assert cache(a) is not cache(c) and table(a) is not table(c)
+    assert len({id(cache(a)), id(suffix_alone.cache), id(suffix_auto.cache)}) == 3
+    # acceptance calibrations too: kept across runs of one setting, never shared with another method
+    lookup = build("prompt_lookup")
+    assert build("prompt_lookup").estimator is lookup.estimator
+    assert dict(a.members)["prompt_lookup"].estimator is not lookup.estimator
+    assert dict(a.members)["suffix"].estimator is not suffix_alone.estimator
