@@ -523,3 +523,18 @@ def test_help_names_every_default_in_plain_words():
     assert cli.TREE_PRESET_NAMES == tuple(TREE_PRESETS)
     for internal in ("tree_choices", "guess_set_size", "ngram_size", "num_pred_tokens", "max_ngram_size"):
         assert internal not in text
+
+
+def test_medusa_summary_names_the_tree_and_each_heads_acceptance():
+    """The benchmark's Medusa lines after the tables: the tree used and per-head acceptance (it called
+    an Engine method that the redesign moved, and crashed after the records were written)."""
+    from types import SimpleNamespace
+
+    from playground.bench.summary import medusa_summary
+
+    engine = SimpleNamespace(medusa=SimpleNamespace(num_heads=4))
+    records = [{"method": "medusa", "accepted_at": [5, 2], "proposed_at": [10, 10]},
+               {"method": "autoregressive"}]
+    text = medusa_summary(engine, records, "depth3")
+    assert text.startswith("medusa tree: depth3: 4 nodes, depth 3\n")
+    assert "head 1 50.0% (50.0%), head 2 20.0% (40.0%)" in text

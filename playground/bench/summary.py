@@ -200,7 +200,7 @@ def format_table(rows: list[dict]) -> str:
 
 def medusa_summary(engine, records: list[dict], tree) -> str:
     """Lines naming the Medusa tree used and each head's acceptance over the medusa records."""
-    from playground.engine import TREE_KNOB, head_acceptance
+    from playground.engine import TREE_KNOB, describe_medusa_tree, head_acceptance
 
     rs = [r for r in records if r["method"] == "medusa" and r.get("accepted_at") is not None]
     if not rs:
@@ -209,7 +209,7 @@ def medusa_summary(engine, records: list[dict], tree) -> str:
     acc = [sum(r["accepted_at"][i] for r in rs if i < len(r["accepted_at"])) for i in range(depth)]
     prop = [sum(r["proposed_at"][i] for r in rs if i < len(r["proposed_at"])) for i in range(depth)]
     heads = head_acceptance({"per_position_acceptance": [a / p if p else 0.0 for a, p in zip(acc, prop)]})
-    lines = [f"medusa tree: {engine.medusa_tree_description(tree if tree is not None else TREE_KNOB.default)}",
+    lines = [f"medusa tree: {describe_medusa_tree(engine, tree if tree is not None else TREE_KNOB.default)}",
              "medusa per-head acceptance (share of steps accepting head k's token; given head k-1 accepted): " +
              ", ".join(f"head {h['head']} {h['rate']:.1%} ({h['conditional']:.1%})" for h in heads)]
     return "\n".join(lines) + "\n"
