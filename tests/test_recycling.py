@@ -69,23 +69,3 @@ def test_greedy_equals_baseline_over_many_seeds():
     """24 prompts on 4 tiny models, budget off and on, the table carried across a model's prompts:
     greedy recycling equals the baseline token for token; tokens were accepted and rejected."""
     checks.greedy_sweep(factory)
-
-
-def test_eos_inside_block():
-    checks.eos_inside_block(factory)
-
-
-def test_max_new_tokens_cap():
-    checks.max_new_tokens_cap(factory)
-
-
-def test_no_eos_id():
-    checks.no_eos_id(factory)
-
-
-def test_streamed_text_equals_final_text():
-    checks.streamed_equals_final(factory)
-
-
-def test_sampling_matches_target_distribution():
-    checks.sampling_exact(factory)
