@@ -22,7 +22,7 @@ import gradio as gr
 from playground.backends.vllm import methods as vm
 from playground.backends.vllm.bench import TIMING
 from playground.backends.vllm.client import VLLMError
-from playground.backends.vllm.runner import Sampling, run_completion
+from playground.backends.vllm.runner import Sampling, run_completion, run_to_end
 from playground.backends.vllm.server import ServerPool, VLLMServerError, parse_vllm_urls
 
 from . import render
@@ -44,6 +44,7 @@ class VLLMSession:
     attached: dict = field(default_factory=dict)
     pool: ServerPool | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    warmed: set = field(default_factory=set)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "VLLMSession | None":
@@ -77,6 +78,24 @@ class VLLMSession:
                     self.pool = None
                     raise
             return self.pool.endpoints
+
+    def warm_up(self, prompt_ids: list[int], eos_token_ids: list[int] = (), run=None) -> list[str]:
+        """Send one short request to every server not warmed up yet (as the benchmark's warm-up does):
+        a server's first request pays for its lazy initialisation (seconds on a CPU), which would
+        otherwise land in the first run's baseline and make every speedup of that run wrong.
+        Returns the methods warmed now. ``run`` defaults to :func:`.runner.run_to_end`.
+
+        Raises:
+            VLLMError: a server refused or broke off the request.
+        """
+        from playground.bench.runner import WARMUP_TOKENS
+
+        run = run or run_to_end
+        todo = [m for m in (self.pool.endpoints if self.pool else {}) if m not in self.warmed]
+        for m in todo:
+            run(self.pool.endpoints[m], m, prompt_ids, Sampling(WARMUP_TOKENS), list(eos_token_ids))
+            self.warmed.add(m)
+        return todo
 
 
 def token_pieces(tokenizer, ids: list[int], sources: list[str]) -> list[tuple[str, str]]:
@@ -133,7 +152,8 @@ def build(session: VLLMSession, engine) -> None:
     status = gr.HTML(render.status_html("done", "servers not started" if not session.attached else
                                         "attached: " + ", ".join(session.attached)), elem_id="vllm-status")
     prompt = gr.Textbox(label="Prompt", lines=3, elem_id="vllm-prompt")
-    max_new = gr.Slider(1, MAX_NEW_TOKENS, value=96, step=1, label="Max new tokens")
+    max_new = gr.Slider(1, MAX_NEW_TOKENS, value=96, step=1, label="Max new tokens",
+                        elem_id="vllm-max-new")
     with gr.Row():
         run = gr.Button("Run on vLLM", variant="primary", elem_id="vllm-run")
         stop = gr.Button("Stop", elem_id="vllm-stop")
@@ -143,22 +163,30 @@ def build(session: VLLMSession, engine) -> None:
             with gr.Column(min_width=220):
                 gr.Markdown(f"**{m}**")
                 panels[m] = (gr.HTML(render.placeholder("not run yet"), elem_id=f"vllm-panel-{m}"),
-                             gr.Markdown(""), gr.HTML(""))
+                             gr.Markdown("", elem_id=f"vllm-stats-{m}"), gr.HTML("", elem_id=f"vllm-badge-{m}"))
     outputs = [status] + [c for p in panels.values() for c in p]
 
-    def on_start(names):
+    def start_servers(names):
         try:
             session.start(list(dict.fromkeys(["autoregressive"] + list(names))))
+            from playground.bench.runner import WARMUP_PROMPT
+
+            session.warm_up(engine.encode_prompt(WARMUP_PROMPT), list(engine.target.eos_token_ids))
         except (VLLMServerError, VLLMError, ValueError) as e:
             return render.status_html("error", str(e)[-1500:])
         return render.status_html("done", "servers ready: " + ", ".join(
             f"{m} at {e.url} (vLLM {e.version})" for m, e in session.pool.endpoints.items()))
 
+    def on_start(names):
+        if session.pool is None:
+            yield render.status_html("running", "starting vLLM servers (about a minute or two on a CPU)…")
+        yield start_servers(names)
+
     def on_run(names, text, n):
         names = ["autoregressive"] + [m for m in names if m != "autoregressive"]
         if session.pool is None:
-            yield {status: render.status_html("running", "starting vLLM servers (about a minute each on a CPU)…")}
-            yield {status: on_start(names)}
+            yield {status: render.status_html("running", "starting vLLM servers (about a minute or two on a CPU)…")}
+            yield {status: start_servers(names)}
             if session.pool is None:
                 return
         try:
@@ -167,6 +195,8 @@ def build(session: VLLMSession, engine) -> None:
             yield {status: render.status_html("warning", str(e))}
             return
         eos = list(engine.target.eos_token_ids)
+        # Clear every panel: a previous run's text, stats and badge must not sit beside this one's.
+        yield {c: v for p in panels.values() for c, v in zip(p, (render.placeholder("not run yet"), "", ""))}
         base = None
         for m in names:
             e = session.pool.endpoints.get(m)
@@ -195,4 +225,6 @@ def build(session: VLLMSession, engine) -> None:
 
     start.click(on_start, [chosen], [status])
     event = run.click(on_run, [chosen, prompt, max_new], outputs)
-    stop.click(None, None, None, cancels=[event])
+    # Cancelling closes the generator (and its stream: vLLM aborts the request) but leaves the
+    # status at "running": say that the run was stopped.
+    stop.click(lambda: render.status_html("stopped", "stopped"), None, [status], cancels=[event])
