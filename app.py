@@ -13,6 +13,7 @@ import argparse
 import errno
 import importlib.util
 import os
+import signal
 import socket
 import sys
 import time
@@ -187,7 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     url = (demo.local_url or f"http://{args.host}:{args.port}/").rstrip("/")
     print(f"\nRunning on {url}\n(press Ctrl+C to stop)", flush=True)
-    demo.block_thread()
+    # SIGTERM (a service manager, `kill`) exits like Ctrl-C, so that exit handlers stop vLLM servers started here.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        demo.block_thread()
+    finally:
+        if vllm is not None and getattr(vllm, "pool", None) is not None:
+            vllm.pool.stop()
     return 0
 
 
