@@ -227,4 +227,5 @@ def build(session: VLLMSession, engine) -> None:
     event = run.click(on_run, [chosen, prompt, max_new], outputs)
     # Cancelling closes the generator (and its stream: vLLM aborts the request) but leaves the
     # status at "running": say that the run was stopped.
-    stop.click(lambda: render.status_html("stopped", "stopped"), None, [status], cancels=[event])
+    stop.click(lambda: render.status_html("stopped", "stopped"), None, [status], cancels=[event],
+               api_visibility="private", queue=False)
