@@ -653,3 +653,21 @@ def skip_unless_ci(reason: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(f"{reason} (CI must provide it)")
     pytest.skip(reason)
+
+
+def require_vllm() -> None:
+    """Skip when no vLLM environment exists (``.venv-vllm``, made by ``scripts/setup.sh --vllm``), or
+    fail when ``PLAYGROUND_REQUIRE_VLLM`` is set (CI sets it after installing vLLM), so that CI can
+    never pass a vLLM test by skipping it. vLLM cannot share this virtualenv (it pins another
+    transformers), hence the guard."""
+    import os
+
+    import pytest
+
+    from playground.backends.vllm import server
+
+    if not server.vllm_available():
+        message = "vLLM is not installed (.venv-vllm missing: run scripts/setup.sh --vllm)"
+        if os.environ.get("PLAYGROUND_REQUIRE_VLLM"):
+            pytest.fail(message + " and PLAYGROUND_REQUIRE_VLLM is set")
+        pytest.skip(message)

@@ -461,10 +461,6 @@ def test_engine_value_errors_during_runs_are_one_line_but_bugs_are_not_hidden(ti
 def test_stop_strings_end_every_method_at_the_same_place(tiny_bench):
     """--stop (repeatable) reaches every run as GenerationSettings(stop_strings=...): each answer ends at
     its first stop string (kept), finish reason "stop", the lossless methods still equal to the baseline."""
-    from playground.engine import GenerationSettings
-
-    if "stop_strings" not in getattr(GenerationSettings, "__dataclass_fields__", {}):
-        pytest.skip("GenerationSettings has no stop_strings yet (the engine's part of issue 16, item 5)")
     argv = ["--warmup", "0", "--max-new-tokens", "40"]
     r = tiny_bench(argv, turns=("Hi there",))
     assert r.code == 0, r.err

@@ -11,7 +11,6 @@ near-tie margin is classified as a near-tie, as the built-in engine's lossless c
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -29,12 +28,7 @@ NEW_TOKENS = 48
 METHODS = ("autoregressive", "prompt_lookup", "draft_model")
 
 
-def _require_vllm() -> None:
-    if not S.vllm_available():
-        message = "vLLM is not installed (.venv-vllm missing: run scripts/setup.sh --vllm)"
-        if os.environ.get("PLAYGROUND_REQUIRE_VLLM"):
-            pytest.fail(message + " and PLAYGROUND_REQUIRE_VLLM is set")
-        pytest.skip(message)
+from helpers import require_vllm as _require_vllm  # noqa: E402
 
 
 @pytest.fixture(scope="module")

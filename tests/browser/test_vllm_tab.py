@@ -13,7 +13,6 @@ set, as ``tests/test_vllm_real.py`` does; skips without chromium or Playwright (
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from playground.backends.vllm import client as C
-from playground.backends.vllm import server as S
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/browser: the browser fixture
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared UI helpers
@@ -39,12 +37,7 @@ START_TIMEOUT_MS = 480_000  # three servers on a shared 2-core machine
 RUN_TIMEOUT_MS = 180_000
 
 
-def _require_vllm() -> None:
-    if not S.vllm_available():
-        message = "vLLM is not installed (.venv-vllm missing: run scripts/setup.sh --vllm)"
-        if os.environ.get("PLAYGROUND_REQUIRE_VLLM"):
-            pytest.fail(message + " and PLAYGROUND_REQUIRE_VLLM is set")
-        pytest.skip(message)
+from helpers import require_vllm as _require_vllm  # noqa: E402
 
 
 @pytest.fixture(scope="module")
