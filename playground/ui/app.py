@@ -30,10 +30,11 @@ from playground.engine import check_lossless, is_lossless
 from playground.engine import GenerationSettings
 from playground.engine import GENERATION_KNOBS, MAX_MEDUSA_HEADS
 from playground.engine import head_source
-from playground.engine import SamplingConfig
 
 from . import advisor_tab, bench_tab, charts, insight, medusa_panel, render, theory_tab, worker
+from .inputs import STOP_INPUT, _parse, input_names, run_arguments, stop_lines  # noqa: F401 (API)
 from .knobs import knob_input
+from .run_control import StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ CONCURRENT_RUNS = 2
 """Runs served at once (more wait in the queue)."""
 QUEUE_SIZE = 32
 """Runs allowed to wait in the queue before new ones are turned away."""
+STOPS = StopSignals()
+"""Stop flags of the page's runs in flight, one per browser session."""
 
 PAGE_CSS = """
 #status { min-height: 1.5em; }
@@ -77,89 +80,6 @@ def load_examples(path: Path = EXAMPLES_PATH) -> list[dict]:
     except (OSError, ValueError) as e:
         log.warning("no example prompts: %s", e)
         return []
-
-
-# ----- the handler's signature ------------------------------------------------------------
-def input_names() -> list[str]:
-    """Names of the run handler's arguments, in order.
-
-    ``prompt``; ``use_<method>`` per method; ``<method>_<knob>`` per method knob;
-    then the generation settings (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``),
-    then ``stop_strings`` (text, one stop string per line).
-    """
-    names = ["prompt"] + [f"use_{m}" for m in METHODS]
-    names += [f"{m}_{k.name}" for m, info in METHODS.items() for k in info.knobs]
-    return names + [k.name for k in GENERATION_KNOBS] + [STOP_INPUT]
-
-
-STOP_INPUT = "stop_strings"
-"""The page's stop-strings field: one stop string per line."""
-
-
-def stop_lines(text) -> tuple[str, ...]:
-    """The stop strings of the page's field (one per line, empty lines dropped); a list or tuple of
-    strings (API clients) is taken as it is."""
-    if isinstance(text, (list, tuple)):
-        return tuple(str(s) for s in text if str(s))
-    return tuple(line for line in str(text or "").splitlines() if line)
-
-
-def run_arguments(prompt: str, methods: list[str], params: dict[str, dict] | None = None,
-                  **generation) -> list:
-    """Positional arguments of the ``/run`` endpoint, for API clients and tests.
-
-    Args:
-        prompt: the user message.
-        methods: names of the methods to tick.
-        params: method -> {knob: value}; missing knobs take their defaults.
-        generation: ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``
-            (defaults from :data:`GENERATION_KNOBS`), and ``stop_strings`` (a list, or lines of text).
-
-    Example::
-
-        client.submit(*run_arguments("Hi", ["autoregressive", "prompt_lookup"], max_new_tokens=32),
-                      api_name="/run")
-    """
-    params = params or {}
-    unknown = set(generation) - {k.name for k in GENERATION_KNOBS} - {STOP_INPUT}
-    if unknown:
-        raise TypeError(f"unknown generation settings {sorted(unknown)}")
-    args: list = [prompt] + [m in methods for m in METHODS]
-    args += [params.get(m, {}).get(k.name, k.default) for m, info in METHODS.items() for k in info.knobs]
-    stops = generation.get(STOP_INPUT, "")
-    return args + [generation.get(k.name, k.default) for k in GENERATION_KNOBS] + \
-        ["\n".join(stops) if isinstance(stops, (list, tuple)) else stops]
-
-
-def _parse(values: tuple) -> tuple[str, list[MethodSpec], GenerationSettings]:
-    """Turn the handler's arguments into (prompt, method specs, settings).
-
-    Raises:
-        ValueError: wrong number of values, no method ticked, or a setting out of range.
-    """
-    names = input_names()
-    if len(values) != len(names):
-        raise ValueError(f"expected {len(names)} inputs ({', '.join(names)}), got {len(values)}")
-    v = dict(zip(names, values))
-    chosen = [m for m in METHODS if v[f"use_{m}"]]
-    if not chosen:
-        raise ValueError("no method is ticked: choose at least one method to run")
-    specs = [MethodSpec(m, {k.name: v[f"{m}_{k.name}"] for k in METHODS[m].knobs}) for m in chosen]
-    for s in specs:
-        try:
-            s.checked_params()  # names the knob and its bounds when a value is out of range
-        except ValueError as e:
-            raise ValueError(f"{METHODS[s.name].label} settings: {e}") from None
-    try:
-        gen = {k.name: k.check(v[k.name]) for k in GENERATION_KNOBS}
-    except ValueError as e:
-        raise ValueError(f"Generation settings: {e}") from None
-    sampling = SamplingConfig(gen["temperature"], gen["top_p"], gen["top_k"], gen["seed"])
-    try:
-        settings = GenerationSettings(gen["max_new_tokens"], sampling, stop_strings=stop_lines(v[STOP_INPUT]))
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"Stop strings: {e}") from None
-    return str(v["prompt"] or ""), specs, settings
 
 
 # ----- one run ----------------------------------------------------------------------------
@@ -231,12 +151,31 @@ class _RunView:
         mine, base = self.reasons.get(m), self.reasons.get(BASELINE)
         if mine is None or base is None:
             return render.badge("info", "checked once this method and the baseline have both finished")
-        if "cancelled" in (mine, base):
-            return render.badge("info", "the run was stopped early: no check")
-        b = self.outputs[BASELINE]
-        check = check_lossless(b.ids, b.margins, self.outputs[m].ids, self.engine.target.dtype)
+        b, ids = self.outputs[BASELINE], self.outputs[m].ids
+        if "cancelled" in (mine, base):  # stopped: compare the tokens both have
+            n = min(len(b.ids), len(ids))
+            if n == 0:
+                return render.badge("info", "stopped before both had a token: nothing to compare")
+            check = check_lossless(b.ids[:n], b.margins[:n], ids[:n], self.engine.target.dtype)
+            kind = "match" if check.matched else "near_tie" if check.near_tie else "mismatch"
+            text = f"stopped: its first {render.plural(n, 'token')} match the baseline's" if check.matched \
+                else f"stopped: {check.message()}"
+            return render.badge(kind, text)
+        check = check_lossless(b.ids, b.margins, ids, self.engine.target.dtype)
         kind = "match" if check.matched else "near_tie" if check.near_tie else "mismatch"
         return render.badge(kind, check.message())
+
+    def stop(self) -> int:
+        """Mark every unfinished method as stopped; returns the most tokens any method produced."""
+        for m in self.chosen:
+            if self.reasons[m] is None:
+                self.reasons[m] = "cancelled"
+                if self.outputs[m].last is None:
+                    self.html[m] = render.placeholder("stopped before the first token")
+        for m in self.chosen:
+            self.stats_md[m] = self._stats_line(m) if m in self.stats else ""
+            self.badge_md[m] = self._badge(m)
+        return max((len(self.outputs[m].ids) for m in self.chosen), default=0)
 
     def refresh_figures(self) -> None:
         """Rebuild the charts from the statistics so far."""
@@ -273,7 +212,7 @@ def _message_only(text: str) -> tuple:
     return (text,) + (gr.skip(),) * (3 * len(METHODS) + 3)
 
 
-def run_comparison(engine: Engine, *values, stream=None) -> Iterator[tuple]:
+def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[tuple]:
     """The ``/run`` handler: stream every chosen method's text, stats, badge and the charts.
 
     The model runs in ``stream`` (default :data:`worker.RUN`: :func:`worker.stream_run`, on a
@@ -284,6 +223,9 @@ def run_comparison(engine: Engine, *values, stream=None) -> Iterator[tuple]:
         engine: the loaded engine.
         values: the input values in :func:`input_names` order (see :func:`run_arguments`).
         stream: the plain-data run function (tests pass a decorated one).
+        stop: a ``threading.Event`` (see :mod:`.run_control`): once set, the run ends after the
+            current step, every unfinished panel is marked stopped, and the last update says
+            "Stopped after N tokens".
 
     Yields:
         Tuples of output values (status, then per method: tokens HTML, stats line, badge;
@@ -303,7 +245,11 @@ def run_comparison(engine: Engine, *values, stream=None) -> Iterator[tuple]:
         labels = ", ".join(METHODS[s.name].label for s in specs)
         start = last = last_chart = time.perf_counter()
         events = stream(worker.register(engine), prompt, worker.spec_dicts(specs), worker.settings_dict(settings))
+        stopped = False
         for event in events:
+            if stop is not None and stop.is_set():
+                stopped = True
+                break
             if event["type"] == "warning":  # the engine's checks before the first step
                 gr.Warning(event["message"])
                 yield _message_only(render.status_html("warning", event["message"]))
@@ -323,9 +269,15 @@ def run_comparison(engine: Engine, *values, stream=None) -> Iterator[tuple]:
             if first or event["finished"] or now - last >= UI_REFRESH_S:
                 yield view.values()
                 last = now
-        view.status = render.status_html(
-            "done", f"Done in {time.perf_counter() - start:.1f} s (methods run side by side, one step each "
-                    "in turn; each method's speed counts only its own steps).")
+        stopped = stopped or (stop is not None and stop.is_set() and any(r is None for r in view.reasons.values()))
+        if stopped:
+            events.close()  # ends the engine run now, before the last update is sent
+            n = view.stop()
+            view.status = render.status_html("stopped", f"Stopped after {render.plural(n, 'token')}.")
+        else:
+            view.status = render.status_html(
+                "done", f"Done in {time.perf_counter() - start:.1f} s (methods run side by side, one step each "
+                        "in turn; each method's speed counts only its own steps).")
         view.refresh_figures()
         yield view.values(final=True)
     except ValueError as e:  # the engine's checks before the first step
@@ -378,7 +330,7 @@ def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
                                         examples_per_page=len(examples))
                         with gr.Row():
                             run_btn = gr.Button("Run", variant="primary", elem_id="run")
-                            stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
+                            stop_btn = gr.Button("Stop", variant="stop", elem_id="stop", interactive=False)
                         status = gr.HTML("", elem_id="status", label="status")
                     with gr.Column(scale=2):
                         gr.Markdown("### Methods")
@@ -454,22 +406,38 @@ def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
         use["draft_model"].change(lambda on: gr.Column(visible=bool(on)), use["draft_model"], insight_col,
                                   api_visibility="private", queue=False)
 
-        def run(*values):
-            yield from run_comparison(engine, *values)
+        def run(request: gr.Request, *values):
+            key = getattr(request, "session_hash", None)
+            flag = STOPS.flag(key)  # armed by the Run click; a fresh one for an API call
+            try:
+                yield from run_comparison(engine, *values, stop=flag)
+            finally:
+                STOPS.release(key, flag)
 
         # Named parameters in the API (``client.submit(prompt=..., use_prompt_lookup=True, ...)``).
+        # (Gradio passes the request to a positional parameter annotated gr.Request; it is not an input.)
         run.__signature__ = inspect.Signature(
-            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in input_names()])
+            [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)]
+            + [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in input_names()])
 
-        run_event = run_btn.click(run, [prompt, *use.values(), *knobs, *gen],
-                                  [status, *panel_outputs, chart, bars, last_run], api_name="run",
-                                  concurrency_id="engine")
+        def arm(request: gr.Request):
+            STOPS.arm(getattr(request, "session_hash", None))
+            return gr.Button(interactive=False), gr.Button(interactive=True)
+
+        armed = run_btn.click(arm, None, [run_btn, stop_btn], api_visibility="private", queue=False)
+        run_event = armed.then(run, [prompt, *use.values(), *knobs, *gen],
+                               [status, *panel_outputs, chart, bars, last_run], api_name="run",
+                               concurrency_id="engine")
+        run_event.then(lambda: (gr.Button(interactive=True), gr.Button(interactive=False)), None,
+                       [run_btn, stop_btn], api_visibility="private", queue=False)
         # The per-run charts and the draft panel's insight, from the finished run's plain data.
         run_event.then(lambda summary: insight.after_run(summary, engine_key), last_run,
                        [*run_charts, *draft_insight], api_visibility="private", queue=False)
-        # Stop closes the run's generator after its current step (its `finally` sets the cancel flag).
-        stop_btn.click(lambda: render.status_html("stopped", "Stopped."), None, status, cancels=[run_event],
-                       api_visibility="private", queue=False)
+        # Stop sets this session's flag; the run ends after its current step and says so itself.
+        def stop(request: gr.Request):
+            STOPS.stop(getattr(request, "session_hash", None))
+
+        stop_btn.click(stop, None, None, api_visibility="private", queue=False)
     # Two runs may be in flight at once: the engine serialises their steps with its lock and
     # each run keeps its own caches, so both stream (interleaved) instead of one waiting.
     # On Hugging Face Spaces (shared CPU or one ZeroGPU slice) one run at a time.

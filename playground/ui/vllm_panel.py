@@ -26,7 +26,10 @@ from playground.backends.vllm.runner import Sampling, run_completion, run_to_end
 from playground.backends.vllm.server import ServerPool, VLLMServerError, parse_vllm_urls
 
 from . import render
+from .run_control import StopSignals
 
+STOPS = StopSignals()
+"""Stop flags of the vLLM tab's runs in flight, one per browser session."""
 MAX_NEW_TOKENS = 256
 """Most new tokens the tab asks for (its slider's maximum)."""
 
@@ -156,7 +159,7 @@ def build(session: VLLMSession, engine) -> None:
                         elem_id="vllm-max-new")
     with gr.Row():
         run = gr.Button("Run on vLLM", variant="primary", elem_id="vllm-run")
-        stop = gr.Button("Stop", elem_id="vllm-stop")
+        stop = gr.Button("Stop", elem_id="vllm-stop", interactive=False)
     panels = {}
     with gr.Row():
         for m in methods:
@@ -182,7 +185,15 @@ def build(session: VLLMSession, engine) -> None:
             yield render.status_html("running", "starting vLLM servers (about a minute or two on a CPU)…")
         yield start_servers(names)
 
-    def on_run(names, text, n):
+    def on_run(request: gr.Request, names, text, n):
+        key = getattr(request, "session_hash", None)
+        flag = STOPS.flag(key)
+        try:
+            yield from _run(names, text, n, flag)
+        finally:
+            STOPS.release(key, flag)
+
+    def _run(names, text, n, flag):
         names = ["autoregressive"] + [m for m in names if m != "autoregressive"]
         if session.pool is None:
             yield {status: render.status_html("running", "starting vLLM servers (about a minute or two on a CPU)…")}
@@ -205,8 +216,13 @@ def build(session: VLLMSession, engine) -> None:
                 continue
             shown = ""
             yield {status: render.status_html("running", f"{m} on vLLM…")}
+            steps = run_completion(e, m, ids, Sampling(int(n)), eos)
             try:
-                for step in run_completion(e, m, ids, Sampling(int(n)), eos):
+                for step in steps:
+                    if flag.is_set():  # Stop: close the stream (vLLM aborts the request) and say so last
+                        steps.close()
+                        yield {status: render.status_html("stopped", f"stopped during {m}")}
+                        return
                     if not step.done:
                         shown += step.text
                         yield {panels[m][0]: f'<div class="tokens">{html.escape(shown)}</div>'}
@@ -224,8 +240,18 @@ def build(session: VLLMSession, engine) -> None:
         yield {status: render.status_html("done", "done")}
 
     start.click(on_start, [chosen], [status])
-    event = run.click(on_run, [chosen, prompt, max_new], outputs)
-    # Cancelling closes the generator (and its stream: vLLM aborts the request) but leaves the
-    # status at "running": say that the run was stopped.
-    stop.click(lambda: render.status_html("stopped", "stopped"), None, [status], cancels=[event],
-               api_visibility="private", queue=False)
+
+    def arm(request: gr.Request):
+        STOPS.arm(getattr(request, "session_hash", None))
+        return gr.Button(interactive=False), gr.Button(interactive=True)
+
+    def on_stop(request: gr.Request):
+        STOPS.stop(getattr(request, "session_hash", None))
+
+    # As on the Playground (see run_control): Stop sets a flag the run checks after every token,
+    # so the run's own last update says "stopped" and no text can follow it.
+    run.click(arm, None, [run, stop], api_visibility="private", queue=False).then(
+        on_run, [chosen, prompt, max_new], outputs).then(
+        lambda: (gr.Button(interactive=True), gr.Button(interactive=False)), None, [run, stop],
+        api_visibility="private", queue=False)
+    stop.click(on_stop, None, None, api_visibility="private", queue=False)

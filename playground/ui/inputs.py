@@ -1,0 +1,91 @@
+"""The run handler's inputs: their names and order, the API's positional arguments, and the
+parsing of the page's values into method specs and generation settings.
+
+Every value is checked here, before any work, with the page's own labels in the messages.
+"""
+
+from __future__ import annotations
+
+from playground.engine import GENERATION_KNOBS, METHODS, GenerationSettings, MethodSpec, SamplingConfig
+
+
+def input_names() -> list[str]:
+    """Names of the run handler's arguments, in order.
+
+    ``prompt``; ``use_<method>`` per method; ``<method>_<knob>`` per method knob;
+    then the generation settings (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``),
+    then ``stop_strings`` (text, one stop string per line).
+    """
+    names = ["prompt"] + [f"use_{m}" for m in METHODS]
+    names += [f"{m}_{k.name}" for m, info in METHODS.items() for k in info.knobs]
+    return names + [k.name for k in GENERATION_KNOBS] + [STOP_INPUT]
+
+
+STOP_INPUT = "stop_strings"
+"""The page's stop-strings field: one stop string per line."""
+
+
+def stop_lines(text) -> tuple[str, ...]:
+    """The stop strings of the page's field (one per line, empty lines dropped); a list or tuple of
+    strings (API clients) is taken as it is."""
+    if isinstance(text, (list, tuple)):
+        return tuple(str(s) for s in text if str(s))
+    return tuple(line for line in str(text or "").splitlines() if line)
+
+
+def run_arguments(prompt: str, methods: list[str], params: dict[str, dict] | None = None,
+                  **generation) -> list:
+    """Positional arguments of the ``/run`` endpoint, for API clients and tests.
+
+    Args:
+        prompt: the user message.
+        methods: names of the methods to tick.
+        params: method -> {knob: value}; missing knobs take their defaults.
+        generation: ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``
+            (defaults from :data:`GENERATION_KNOBS`), and ``stop_strings`` (a list, or lines of text).
+
+    Example::
+
+        client.submit(*run_arguments("Hi", ["autoregressive", "prompt_lookup"], max_new_tokens=32),
+                      api_name="/run")
+    """
+    params = params or {}
+    unknown = set(generation) - {k.name for k in GENERATION_KNOBS} - {STOP_INPUT}
+    if unknown:
+        raise TypeError(f"unknown generation settings {sorted(unknown)}")
+    args: list = [prompt] + [m in methods for m in METHODS]
+    args += [params.get(m, {}).get(k.name, k.default) for m, info in METHODS.items() for k in info.knobs]
+    stops = generation.get(STOP_INPUT, "")
+    return args + [generation.get(k.name, k.default) for k in GENERATION_KNOBS] + \
+        ["\n".join(stops) if isinstance(stops, (list, tuple)) else stops]
+
+
+def _parse(values: tuple) -> tuple[str, list[MethodSpec], GenerationSettings]:
+    """Turn the handler's arguments into (prompt, method specs, settings).
+
+    Raises:
+        ValueError: wrong number of values, no method ticked, or a setting out of range.
+    """
+    names = input_names()
+    if len(values) != len(names):
+        raise ValueError(f"expected {len(names)} inputs ({', '.join(names)}), got {len(values)}")
+    v = dict(zip(names, values))
+    chosen = [m for m in METHODS if v[f"use_{m}"]]
+    if not chosen:
+        raise ValueError("no method is ticked: choose at least one method to run")
+    specs = [MethodSpec(m, {k.name: v[f"{m}_{k.name}"] for k in METHODS[m].knobs}) for m in chosen]
+    for s in specs:
+        try:
+            s.checked_params()  # names the knob and its bounds when a value is out of range
+        except ValueError as e:
+            raise ValueError(f"{METHODS[s.name].label} settings: {e}") from None
+    try:
+        gen = {k.name: k.check(v[k.name]) for k in GENERATION_KNOBS}
+    except ValueError as e:
+        raise ValueError(f"Generation settings: {e}") from None
+    sampling = SamplingConfig(gen["temperature"], gen["top_p"], gen["top_k"], gen["seed"])
+    try:
+        settings = GenerationSettings(gen["max_new_tokens"], sampling, stop_strings=stop_lines(v[STOP_INPUT]))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"Stop strings: {e}") from None
+    return str(v["prompt"] or ""), specs, settings
