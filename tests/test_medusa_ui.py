@@ -57,7 +57,11 @@ def test_custom_tree_editor_messages():
                            ("[[0], [12]]", "beyond the heads&#x27; top-10"), ("[[0], [0]]", "appears twice"),
                            ("[[0], [2, 0]]", "has no parent")):
         message = medusa_panel.check_custom(engine, text)[2]
-        assert expected in message and "still in use" in message, text
+        assert expected in message and "Not applied: Medusa still uses the tree drawn below" in message, text
+    # A broken tree typed into the tree box itself: the message says Run refuses it (nothing claims
+    # that an earlier tree is still in use).
+    message = medusa_panel.describe(engine, "[[0],[5,")[2]
+    assert "Run refuses this tree until it is fixed" in message and "still" not in message
 
 
 def test_tree_picture_and_head_line():

@@ -172,6 +172,18 @@ class Engine:
             return dict(getattr(self.draft, "knob_defaults", None) or {})
         return {}
 
+    def knob_choices(self, method: str, knob: str) -> tuple[str, ...] | None:
+        """The named options of ``method``'s ``knob`` that the loaded models can serve (None for a
+        numeric knob, or one whose options all work): the draft model's ``medusa_heads`` proposer
+        only with Medusa heads trained on the draft."""
+        info = METHODS.get(method)
+        spec = next((k for k in (info.knobs if info else ()) if k.name == knob), None)
+        if spec is None or not hasattr(spec, "choices"):
+            return None
+        if method == "draft_model" and knob == "proposer" and getattr(self, "draft_medusa", None) is None:
+            return tuple(c for c in spec.choices if c != "medusa_heads")
+        return tuple(spec.choices)
+
     def with_defaults(self, spec: MethodSpec) -> MethodSpec:
         """``spec`` with :meth:`knob_defaults` filling the knobs it leaves unset (what runs)."""
         return MethodSpec(spec.name, {**self.knob_defaults(spec.name), **spec.params})

@@ -345,7 +345,9 @@ def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
                             if info.knobs:
                                 with gr.Accordion(f"{info.label} settings", open=False):
                                     knobs += [knob_input(k, f"{m}-{k.name}", available[m],
-                                                          engine.knob_defaults(m).get(k.name)) for k in info.knobs]
+                                                          engine.knob_defaults(m).get(k.name),
+                                                          choices=engine.knob_choices(m, k.name))
+                                              for k in info.knobs]
                                     if m == "medusa":  # tree presets, custom tree editor, tree picture
                                         medusa_panel.build(engine, dict(zip([k.name for k in info.knobs],
                                                                             knobs[-len(info.knobs):])))

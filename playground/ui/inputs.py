@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from playground.engine import GENERATION_KNOBS, METHODS, GenerationSettings, MethodSpec, SamplingConfig
 
+from .knobs import page_check
+
 
 def input_names() -> list[str]:
     """Names of the run handler's arguments, in order.
@@ -73,16 +75,17 @@ def _parse(values: tuple) -> tuple[str, list[MethodSpec], GenerationSettings]:
     chosen = [m for m in METHODS if v[f"use_{m}"]]
     if not chosen:
         raise ValueError("no method is ticked: choose at least one method to run")
-    specs = [MethodSpec(m, {k.name: v[f"{m}_{k.name}"] for k in METHODS[m].knobs}) for m in chosen]
-    for s in specs:
-        try:
-            s.checked_params()  # names the knob and its bounds when a value is out of range
+    specs = []
+    for m in chosen:
+        label = METHODS[m].label
+        try:  # each knob with the page's label, then the checks across knobs
+            params = {k.name: page_check(k, k.label, v[f"{m}_{k.name}"]) for k in METHODS[m].knobs}
+            spec = MethodSpec(m, params)
+            spec.checked_params()
         except ValueError as e:
-            raise ValueError(f"{METHODS[s.name].label} settings: {e}") from None
-    try:
-        gen = {k.name: k.check(v[k.name]) for k in GENERATION_KNOBS}
-    except ValueError as e:
-        raise ValueError(f"Generation settings: {e}") from None
+            raise ValueError(f"{label} settings: {e}") from None
+        specs.append(spec)
+    gen = {k.name: page_check(k, k.label, v[k.name]) for k in GENERATION_KNOBS}
     sampling = SamplingConfig(gen["temperature"], gen["top_p"], gen["top_k"], gen["seed"])
     try:
         settings = GenerationSettings(gen["max_new_tokens"], sampling, stop_strings=stop_lines(v[STOP_INPUT]))

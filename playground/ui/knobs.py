@@ -2,13 +2,19 @@
 and the Benchmark tab: a slider, a number box for very wide ranges, or a dropdown for a knob
 chosen by name.
 
-Bounds are checked by our handlers (``Knob.check``, which names the bound), not by Gradio: a
-stock ``gr.Slider`` / ``gr.Number`` raises in ``preprocess`` when a typed value is out of range,
-which fails every event reading the input with a server traceback (and a 500 for unqueued
-events) instead of a message. The widgets here are Gradio *templates* of the stock components
-(the mechanism of ``gradio.templates``: same front end, ``is_template``) whose ``preprocess``
-passes the value on; typing a value out of range shows a warning naming the allowed range, and
-the Run handlers refuse it with the same message.
+One rule for a typed value the page cannot use, said once: a value outside the allowed range
+is set to the nearest allowed value and a message says so ("K: allowed values are 1 to 16;
+50 is clamped to 16"); a whole-number setting given a fraction is rounded, with the same kind
+of message. (A slider's number box clamps on leaving the field in Gradio's front end; the
+handlers here say so, and round what the front end leaves unrounded.) Anything still invalid
+when Run is pressed (an API call, a value sent before the correction arrived) is refused with
+the page's label and the allowed range, and nothing runs (:func:`page_check`).
+
+The range check is ours, not Gradio's: a stock ``gr.Slider`` / ``gr.Number`` raises in
+``preprocess`` when a typed value is out of range, which fails every event reading the input
+with a server traceback (and a 500 for unqueued events) instead of a message. The widgets here
+are Gradio *templates* of the stock components (the mechanism of ``gradio.templates``: same
+front end, ``is_template``) whose ``preprocess`` passes the value on unchanged.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ class KnobNumber(gr.Number):
     is_template = True
 
     def preprocess(self, payload: float | None) -> float | int | None:
-        return None if payload is None else self.round_to_precision(payload, self.precision)
+        return payload  # no silent rounding: a fraction for a whole number is corrected or refused
 
 
 def range_text(knob) -> str:
@@ -45,41 +51,104 @@ def range_text(knob) -> str:
     return f"{fmt(knob.minimum)} to {fmt(knob.maximum)}"
 
 
-def out_of_range_message(knob, label: str, value) -> str | None:
-    """The warning for a typed value outside the knob's bounds (None when the value is fine)."""
+def _shown(value) -> str:
+    if value is None:
+        return "nothing"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _allowed(knob, label: str) -> str:
+    return f"{label}: allowed values are {range_text(knob)}{' (whole numbers)' if knob.integer else ''}"
+
+
+def correction(knob, label: str, value) -> tuple[str | None, int | float | None]:
+    """The page's correction of a typed numeric value: ``(message, corrected value)``, or
+    ``(None, None)`` when the value is fine (or empty: Run then says what is missing).
+
+    Out of range: clamped to the nearest bound; a fraction for a whole-number knob: rounded.
+    """
+    if value is None or isinstance(value, bool):
+        return None, None
     try:
         knob.check(value)
+        return None, None
     except ValueError:
-        shown = "nothing" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
-        return (f"{label}: allowed values are {range_text(knob)}"
-                f"{'' if not knob.integer else ' (whole numbers)'}; got {shown}. Runs refuse it until it is fixed.")
-    return None
+        pass
+    try:
+        v = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None, None
+    if v != v:
+        return None, None
+    fixed = min(max(v, knob.minimum), knob.maximum)
+    if knob.integer:
+        fixed = int(round(fixed))
+        fixed = int(min(max(fixed, knob.minimum), knob.maximum))
+    verb = "clamped" if not (knob.minimum <= v <= knob.maximum) else "rounded"
+    return f"{_allowed(knob, label)}; {_shown(value)} is {verb} to {_shown(fixed)}.", fixed
 
 
-def knob_input(knob, elem_id: str, interactive: bool = True, value=None, label: str | None = None):
+def out_of_range_message(knob, label: str, value) -> str | None:
+    """The warning for a typed value the page corrects (None when the value is fine)."""
+    return correction(knob, label, value)[0]
+
+
+def page_check(knob, label: str, value):
+    """``knob.check(value)`` with the page's own wording in the error.
+
+    Raises:
+        ValueError: ``"<label>: allowed values are 1 to 16 (whole numbers); got 50. Nothing was
+            run."`` (numeric knobs), or ``"<label>: <reason>"`` for a knob chosen by name.
+    """
+    try:
+        return knob.check(value)
+    except ValueError as e:
+        if not hasattr(knob, "maximum"):
+            raise ValueError(f"{label}: {str(e).removeprefix(knob.name).strip()}") from None
+        raise ValueError(f"{_allowed(knob, label)}; got {_shown(value)}. Nothing was run.") from None
+
+
+def knob_input(knob, elem_id: str, interactive: bool = True, value=None, label: str | None = None,
+               choices=None):
     """The input of one knob, starting at ``value`` (None: the knob's default), labelled ``label``
-    (None: the knob's own label). Call it inside a ``gr.Blocks``: a numeric input warns (a toast
+    (None: the knob's own label), offering ``choices`` (None: all the knob's options) for a knob
+    chosen by name. Call it inside a ``gr.Blocks``: a numeric input warns (a toast
     naming the allowed range) when the user types a value out of range."""
     value = knob.default if value is None else value
     label = knob.label if label is None else label
     if not hasattr(knob, "maximum"):  # a setting chosen by name (ChoiceKnob): a dropdown
-        return gr.Dropdown(list(knob.choices), value=value, label=label, info=knob.info,
+        offered = list(knob.choices if choices is None else choices)  # only what the loaded models serve
+        value = value if value in offered or getattr(knob, "parse", None) is not None else offered[0]
+        return gr.Dropdown(offered, value=value, label=label, info=knob.info,
                            elem_id=elem_id, interactive=interactive,
                            allow_custom_value=getattr(knob, "parse", None) is not None)
     if knob.maximum - knob.minimum > NUMBER_BOX_RANGE:
         box = KnobNumber(value=value, minimum=knob.minimum, maximum=knob.maximum, precision=0,
                          step=knob.step, label=label, info=knob.info, elem_id=elem_id,
                          interactive=interactive)
-    else:
-        box = KnobSlider(knob.minimum, knob.maximum, value=value, step=knob.step, label=label,
-                         info=knob.info, elem_id=elem_id, interactive=interactive)
 
-    def warn(v):
-        message = out_of_range_message(knob, label, v)
-        if message:
-            gr.Warning(message)
+        def fix_number(v):  # on leaving the box: clamp and round, and say so
+            message, fixed = correction(knob, label, v)
+            if message:
+                gr.Warning(message)
+                return fixed
+            return gr.skip()
+
+        box.blur(fix_number, box, box, api_visibility="private", show_progress="hidden", concurrency_limit=None)
+        return box
+    box = KnobSlider(knob.minimum, knob.maximum, value=value, step=knob.step, label=label,
+                     info=knob.info, elem_id=elem_id, interactive=interactive)
+
+    def fix_slider(v):
+        message, fixed = correction(knob, label, v)
+        if message is None or (v == 0 and 0 < knob.minimum < 1):  # "0" on the way to "0.5": no warning yet
+            return gr.skip()
+        gr.Warning(message)
+        # The front end clamps a value out of range itself when the field is left; a fraction is
+        # rounded here.
+        return fixed if knob.minimum <= float(v) <= knob.maximum else gr.skip()
 
     # Queued (toasts need the queue) but never waiting behind a run: no concurrency limit.
-    box.input(warn, box, None, api_visibility="private", show_progress="hidden", concurrency_limit=None,
+    box.input(fix_slider, box, box, api_visibility="private", show_progress="hidden", concurrency_limit=None,
               trigger_mode="always_last")
     return box

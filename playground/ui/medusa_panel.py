@@ -113,7 +113,8 @@ def describe(engine, value) -> tuple[str, str, str]:
             info = TREE_DESCRIPTIONS.get(value, "custom tree") if isinstance(value, str) else "custom tree"
         return text, tree_svg(paths), f"Tree in use: {html.escape(info)}"
     except (ValueError, TreeChoicesError) as e:
-        return gr.skip(), gr.skip(), f"⚠️ {html.escape(str(e))}. The tree drawn below is still in use."
+        return gr.skip(), gr.skip(), (f"⚠️ {html.escape(str(e))}. Run refuses this tree until it is fixed: "
+                                      "pick a preset, or edit the JSON below and press Use this tree.")
 
 
 def check_custom(engine, text: str):
@@ -122,7 +123,8 @@ def check_custom(engine, text: str):
     try:
         paths = [list(p) for p in parse_tree_choices(text, num_heads=num_heads)]
     except TreeChoicesError as e:
-        return gr.skip(), gr.skip(), f"⚠️ {html.escape(str(e))}. The tree drawn below is still in use."
+        return gr.skip(), gr.skip(), (f"⚠️ {html.escape(str(e))}. Not applied: Medusa still uses the tree "
+                                      "drawn below.")
     value = json.dumps(paths)
     return (gr.update(value=value), tree_svg(paths),
             f"Tree in use: custom, {len(paths)} node{'' if len(paths) == 1 else 's'}, depth {max(len(p) for p in paths)} (valid)")

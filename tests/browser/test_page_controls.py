@@ -1,4 +1,4 @@
-"""Run and Stop in the real page (headless Chromium, default model): 20 Run/Stop cycles at random
+"""Run, Stop and typed values in the real page (headless Chromium, default model): 20 Run/Stop cycles at random
 moments, each ending "Stopped after N tokens", with every panel and badge marked stopped, Run
 disabled while a run is in flight, and no error pill. Skipped when chromium or Playwright is missing.
 """
@@ -70,5 +70,58 @@ def test_twenty_run_stop_cycles_each_end_stopped(browser, url):  # noqa: F811
             page.wait_for_timeout(300)  # nothing arrives after the final update
             assert {m: page.locator(f"#panel-{m}").inner_text() for m in METHODS} == text, f"cycle {cycle}"
             assert "Traceback" not in page.locator("body").inner_text()
+    finally:
+        page.close()
+
+
+def _toasts(page) -> str:
+    return "\n".join(page.locator(".toast-body").all_inner_texts())
+
+
+@pytest.mark.real_model
+def test_typed_values_are_corrected_once_with_a_message_and_bad_options_are_not_offered(browser, url):  # noqa: F811
+    """One rule: out of range is clamped and the message says "clamped to"; a fraction for a
+    whole number is rounded and the message says "rounded to"; the run uses what the field shows.
+    The draft model's Medusa-heads proposer is not offered without draft heads (a broken Medusa
+    tree's message: tests/test_medusa_ui.py)."""
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(url)
+        expect(page.locator("#prompt textarea")).to_be_visible(timeout=60_000)
+        page.locator("#prompt textarea").fill("Say hello.")
+        page.get_by_text("Generation settings", exact=True).click()
+        max_new = page.locator("#gen-max_new_tokens input[type=number]")
+        max_new.fill("5000")
+        expect(page.locator(".toast-body").last).to_contain_text(
+            "Max new tokens: allowed values are 1 to 2048 (whole numbers); 5000 is clamped to 2048.", timeout=20_000)
+        page.locator("#prompt textarea").click()  # leaving the field: it shows what will run
+        expect(max_new).to_have_value("2048")
+        max_new.fill("12.5")
+        expect(max_new).to_have_value("12", timeout=20_000)
+        assert "12.5 is rounded to 12." in _toasts(page)
+        seed = page.locator("#gen-seed input")
+        seed.fill("1.5")
+        page.locator("#prompt textarea").click()
+        expect(seed).to_have_value("2", timeout=20_000)
+        assert "Seed" in _toasts(page) and "1.5 is rounded to 2." in _toasts(page)
+
+        # The run uses what the fields show: 12 new tokens.
+        for box in page.locator("[id^=use-] input[type=checkbox]").all():
+            if box.is_enabled():
+                box.uncheck()
+        page.locator("#use-autoregressive input[type=checkbox]").check()
+        page.locator("#run").click()
+        expect(page.locator("#status")).to_contain_text("Done", timeout=120_000)
+        expect(page.locator("#stats-autoregressive")).to_contain_text("12 new tokens")
+
+        # No proposer that needs draft heads when none are loaded.
+        page.get_by_text("Draft model settings", exact=True).click()
+        proposer = page.locator("#draft_model-proposer")
+        expect(proposer).to_be_visible()
+        choices = page.evaluate("() => window.gradio_config.components.find("
+                                "c => c.props.elem_id === 'draft_model-proposer').props.choices")
+        assert [c[1] if isinstance(c, list) else c for c in choices] == ["model"]
     finally:
         page.close()
