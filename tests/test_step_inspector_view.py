@@ -82,7 +82,8 @@ def test_why_line_arithmetic():
     assert abs(f["measured"] - (20 / 1.0) / (20 / 1.0)) < 1e-9
     line = si.why_line("Draft model", f)
     assert "τ 2.00 tokens per step" in line and "α 25% of 4.0 candidates" in line
-    assert "costs 1.70 plain steps (drafting 0.20, verifying 5.0 tokens 1.50) → 1.18× expected, 1.00× measured" \
+    assert "costs 1.70 plain steps (drafting 0.20, verifying 1.50 for a pass over 5.0 tokens) → 1.18× expected, " \
+        "1.00× measured" \
         in line
     slow = si.speed_figures({**stats, "new_tokens": 11, "alpha": 0.0}, Counter({5: 10}), [10, 0],
                             lambda q, chain: 1.5, None)

@@ -39,6 +39,7 @@ STEP_CSS = """
 .tokens .step { border-bottom: 2px solid rgba(100,116,139,0.55); cursor: pointer; }
 .tokens .step.odd { border-bottom-color: rgba(217,119,6,0.6); }
 .tokens .step:hover { outline: 1px dashed #64748b; }
+#step-tree .tree, #step-tree .tree * { font-size: 14px; line-height: 1.5; }
 #step-tree ul { list-style: none; margin: 0; padding-left: 1.4em; border-left: 1px dotted #9ca3af; }
 #step-tree > .tree > ul { border-left: none; padding-left: 0; }
 #step-tree li { margin: 2px 0; }
@@ -48,7 +49,7 @@ STEP_CSS = """
 #step-tree .node-rejected > .node { opacity: 0.5; }
 #step-tree .node-rejected > .node .chip { text-decoration: line-through; }
 #step-tree .node-bonus > .node .chip { outline: 2px dashed #1d4ed8; font-weight: 700; }
-#step-tree .why { font-size: 0.85em; color: var(--body-text-color-subdued, #6b7280); }
+#step-tree .tree .why, #step-tree .why { font-size: 12px; color: var(--body-text-color-subdued, #6b7280); }
 #why-speed p { margin: 2px 0; font-size: 0.92em; }
 """
 """Page CSS of the step boundaries in the panels and of the drawn tree (added to the page's CSS)."""
@@ -294,7 +295,7 @@ def why_line(label: str, f: dict | None, is_baseline: bool = False) -> str:
         return f"**{label}:** the baseline: one token per step, each step one plain target pass."
     alpha = "" if f["alpha"] is None else f" (α {100 * f['alpha']:.0f}% of {f['per_step']:.1f} candidates a step)"
     line = (f"**{label}:** τ {f['tau']:.2f} tokens per step{alpha}; each step costs {f['step']:.2f} plain steps "
-            f"(drafting {f['draft']:.2f}, verifying {f['pass']:.1f} tokens {f['verify']:.2f}) → "
+            f"(drafting {f['draft']:.2f}, verifying {f['verify']:.2f} for a pass over {f['pass']:.1f} tokens) → "
             f"{f['expected']:.2f}× expected")
     if f["measured"] is not None:
         line += f", {f['measured']:.2f}× measured"
