@@ -182,7 +182,8 @@ def tree_html(engine, method: str, step: int, record: dict | None, kept: list[in
         head = (f"<b>Step 0 of {html.escape(label)}</b> is the prefill: one pass over the prompt gave the first "
                 f"token {bonus} ({ms(tree['verify_s'])}).")
         return f'<div class="tree-head">{head}</div>'
-    extra = (f", plus {tree['extra_queries']} of the method's own guesses" if tree.get("extra_queries") else "")
+    extra = (f", plus {render.plural(tree['extra_queries'], 'token')} the method scores for its next guesses"
+             if tree.get("extra_queries") else "")
     head = (f"<b>Step {int(step)} of {html.escape(label)}:</b> {render.plural(n, 'candidate')} proposed, "
             f"{len(path)} accepted, then the target's own token {bonus} → "
             f"{render.plural(len(path) + 1, 'token')}. Drafting {ms(tree['draft_s'])}, verifying "
@@ -419,8 +420,8 @@ class Inspector:
         self.tree.click(pick, [state], outputs, api_visibility="private", queue=False)
         self.method.input(lambda store, m: view(engine, engine_key, store, m), [state, self.method], outputs,
                           api_visibility="private", queue=False)
-        self.step.release(lambda store, m, s: view(engine, engine_key, store, m, s), [state, self.method, self.step],
-                          outputs, api_visibility="private", queue=False)
+        self.step.input(lambda store, m, s: view(engine, engine_key, store, m, s), [state, self.method, self.step],
+                        outputs, api_visibility="private", queue=False, trigger_mode="always_last")
 
     def wire(self, run_event) -> None:
         """Refresh the inspector when ``run_event`` (the Playground's run) ends."""

@@ -86,11 +86,22 @@ def test_pick_a_step_and_see_its_tree(browser, url):  # noqa: F811
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         page.locator("#step-inspector").screenshot(path=str(SCREENSHOT))
 
+        # The step box picks a step too.
+        box = page.locator("#inspect-step input[type=number]")
+        box.fill("1")
+        box.press("Enter")
+        expect(tree).to_contain_text("Step 1 of Prompt lookup", timeout=15_000)
+
         # A click on the baseline's panel picks its step: one token from the target, nothing proposed.
         base = page.locator("#panel-autoregressive .step").nth(3)
         number = base.get_attribute("data-step")
         base.click()
         expect(tree).to_contain_text(f"Step {number} of Autoregressive")
         expect(tree).to_contain_text("Nothing was proposed at this step")
+        # Choosing the method in the list shows that method's latest step with candidates.
+        page.locator("#inspect-method input").click()
+        page.get_by_role("option", name="Prompt lookup").click()
+        expect(tree).to_contain_text("of Prompt lookup", timeout=15_000)
+        expect(tree.locator(".node-accepted").first).to_be_visible()
     finally:
         page.close()
