@@ -106,3 +106,16 @@ def test_view_defaults_to_the_latest_step_with_candidates():
     assert "Step 1 of Prompt lookup" in tree and "Why this speed" in why
     assert fig.data[0].customdata[1][1] == 1
     assert "Step 2 of Prompt lookup" in si.view(_Engine(), "none", store, "prompt_lookup", 2)[-1]
+
+
+def test_a_large_tree_is_drawn_in_part():
+    """A 300-node tree (a binary tree under node 0, path 0 -> 1 -> 3) draws at most MAX_NODES_DRAWN nodes, the
+    accepted path among them, and counts the rest."""
+    n = 300
+    tree = _tree(list(range(n)), [-1] + [(i - 1) // 2 for i in range(1, n)], [0, 1, 3], 7)
+    store = si.RunSteps(["eagle"])
+    store.add(_event("eagle", 1, [0, 1, 3, 7], tree))
+    out = si.tree_html(_Engine(), "eagle", 1, store.get("eagle", 1), [1])
+    drawn = len(re.findall(r'data-node="\d+"', out))
+    assert drawn <= si.MAX_NODES_DRAWN and f"… {n - drawn} more nodes not drawn" in out
+    assert all(f'<li class="node-accepted" data-node="{i}"' in out for i in (0, 1, 3))

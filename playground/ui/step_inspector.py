@@ -140,11 +140,14 @@ class RunSteps:
 
 # ----- token text ------------------------------------------------------------------------------------
 def token_text(engine, token: int | None) -> str:
-    """A token's text made visible (spaces ``␣``, newlines ``↵``, tabs ``⇥``); ``#id`` when it has none."""
+    """A token's text made visible (spaces ``␣``, newlines ``↵``, tabs ``⇥``); a special token's name; ``#id``
+    when it has neither (no tokenizer)."""
     if token is None:
         return "–"
     try:
         text = engine.decode_text([int(token)])
+        if not text:  # a special token (end of turn, ...): its name
+            text = str(engine.target.tokenizer.convert_ids_to_tokens(int(token)) or "")
     except Exception:  # no tokenizer (a bare model): the id
         text = ""
     if not text:
