@@ -212,7 +212,7 @@ def tree_html(engine, method: str, step: int, record: dict | None, kept: list[in
         else:
             cls, mark, why = "node-rejected", "✗", "not reached: its parent was rejected"
         title = html.escape(f"{render.source_label(src, labels)}, depth {tree['depths'][i]}: {why}", quote=True)
-        sub = "".join(node(c) for c in children[i + 1] if drawn[0] < MAX_NODES_DRAWN)
+        sub = "".join(node(c) for c in _path_first(children[i + 1], on_path) if drawn[0] < MAX_NODES_DRAWN)
         if i == (path[-1] if path else None):
             sub = _bonus_li(bonus) + sub
         return (f'<li class="{cls}" data-node="{i}"><span class="node" title="{title}">{mark} '
@@ -220,7 +220,7 @@ def tree_html(engine, method: str, step: int, record: dict | None, kept: list[in
                 f"{html.escape(render.source_label(src, labels))}</span></span>"
                 + (f"<ul>{sub}</ul>" if sub else "") + "</li>")
 
-    top = "".join(node(c) for c in children[0] if drawn[0] < MAX_NODES_DRAWN)
+    top = "".join(node(c) for c in _path_first(children[0], on_path) if drawn[0] < MAX_NODES_DRAWN)
     if not path:
         top = _bonus_li(bonus) + top
     more = f'<div class="why">… {n - drawn[0]} more nodes not drawn</div>' if drawn[0] < n else ""
@@ -230,6 +230,11 @@ def tree_html(engine, method: str, step: int, record: dict | None, kept: list[in
     return (f'<div class="tree-head">{head}</div>{legend}<div class="tree"><ul><li class="node-root">'
             f'<span class="node">root: {root} <span class="why">the last token before this step</span></span>'
             f"<ul>{top}</ul></li></ul></div>{more}")
+
+
+def _path_first(nodes: list[int], on_path: set[int]) -> list[int]:
+    """Siblings with the accepted one first (so a tree drawn in part always shows the path)."""
+    return sorted(nodes, key=lambda c: c not in on_path)
 
 
 def _bonus_li(bonus: str) -> str:
