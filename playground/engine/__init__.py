@@ -12,7 +12,7 @@ The main names:
 * :class:`MethodSpec`, :class:`GenerationSettings`, :class:`SamplingConfig`: what to run.
 * :data:`METHODS` (name -> :class:`MethodInfo`), :data:`BASELINE`, :func:`is_lossless`,
   :func:`lossless_check_applies`: the method registry and its lossless rules.
-* :class:`StepEvent`, :class:`RunStats`, :class:`RunOutput`: what a run yields.
+* :class:`StepEvent` (with its :class:`StepTree`), :class:`RunStats`, :class:`RunOutput`: what a run yields.
 * :func:`check_lossless`, :class:`LosslessCheck`: a method's output against the baseline's.
 * the knobs (:class:`Knob`, :class:`ChoiceKnob`, ``*_KNOB``) and named limits (``MAX_*``).
 """
@@ -26,7 +26,8 @@ _EXPORTS: dict[str, str] = {
     "Engine": "engine", "RunOutput": "events",
     "GenerationSettings": "decoding", "decode": "decoding", "generate": "decoding",
     "SamplingConfig": "sampling", "logits_to_probs": "sampling",
-    "StepEvent": "events", "RunStats": "events", "SOURCE_TARGET": "events", "SOURCE_DRAFT": "events",
+    "StepEvent": "events", "StepTree": "events", "RunStats": "events", "SOURCE_TARGET": "events",
+    "SOURCE_DRAFT": "events",
     "SOURCE_PROMPT_LOOKUP": "events", "SOURCE_LOOKAHEAD": "events",
     # methods
     # (read through .methods, which imports every method module first, so the registry is full)

@@ -16,7 +16,7 @@ import torch
 from .budget import apply_budget
 from .detok import IncrementalDetokenizer
 from .drafter import DecodeState, Drafter, StepResult
-from .events import SOURCE_TARGET, RunStats, StepEvent
+from .events import SOURCE_TARGET, RunStats, StepEvent, StepTree
 from .limits import MAX_NEW_TOKENS_KNOB, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from .sampling import SamplingConfig, logits_to_probs
 from .target import CausalLM
@@ -183,6 +183,7 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         int(torch.multinomial(logits_to_probs(logits[0], sampling), 1, generator=generator).item())
     event = out.emit([first], [SOURCE_TARGET], _margins(logits), step=0, proposed=0, accepted=0,
                      seconds=target.clock() - t0)
+    event.tree = StepTree([], [], [], [], [], first, 0.0, event.seconds)
     step = 0
     while not event.finished:
         yield event
@@ -218,6 +219,7 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
                                   logits=logits))
         event = out.emit(new, sources, _margins(logits[rows]), step=step, proposed=len(cand),
                          accepted=len(verdict.path), seconds=target.clock() - t0, draft_s=t_draft, depth=depth)
+        event.tree = StepTree.of(cand, verdict.path, verdict.bonus_token, t_draft, event.seconds - t_draft)
     drafter.finish(list(out.tokens), len(prompt_ids))  # before the last event: consumers may stop there
     yield event
 

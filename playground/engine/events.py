@@ -134,6 +134,71 @@ class RunStats:
 
 
 @dataclass
+class StepTree:
+    """What one step verified: the candidate tree, the accepted path, the bonus token, the timing.
+
+    Plain lists (no tensors, no text), cheap to pickle (ZeroGPU) and to keep for the step inspector.
+    Chains (draft model, prompt lookup) are trees with one path; a plain step (the prefill, the
+    baseline, or a proposal the per-step budget dropped) has no nodes.
+
+    Attributes:
+        tokens: ``(num_nodes,)`` candidate token ids, as verified (after the per-step budget).
+        parents: ``(num_nodes,)`` parent index of each node, ``-1`` for children of the root (the
+            last emitted token); ``parents[i] < i``.
+        sources: ``num_nodes`` source tags (``draft``, ``medusa_head_2``, ``eagle_d3``, ...).
+        depths: ``(num_nodes,)`` depth of each node, 1 for children of the root.
+        path: accepted node indices, root to leaf (may be empty).
+        bonus_token: the target's own token after the path (bonus or correction).
+        draft_s: seconds spent proposing (0 for the prefill); verify_s: seconds of the target pass,
+            the verdict and the commit (the prefill's whole time for step 0).
+        extra_queries: the drafter's own extra queries in the same pass (Lookahead's Jacobi window),
+            counted in the pass's size but not verified.
+
+    The event's ``tokens`` are the path's tokens plus the bonus token, except at the last step,
+    where EOS, the token limit or a stop string may cut them short (a prefix of them).
+    """
+
+    tokens: list[int]
+    parents: list[int]
+    sources: list[str]
+    depths: list[int]
+    path: list[int]
+    bonus_token: int
+    draft_s: float
+    verify_s: float
+    extra_queries: int = 0
+
+    @property
+    def rejected(self) -> list[int]:
+        """Node indices off the accepted path, in order (rejected, or under a rejected node)."""
+        on = set(self.path)
+        return [i for i in range(len(self.tokens)) if i not in on]
+
+    @property
+    def pass_size(self) -> int:
+        """Queries in the step's target pass: the root, every node and the extra queries."""
+        return 1 + len(self.tokens) + self.extra_queries
+
+    @classmethod
+    def of(cls, candidates, path: list[int], bonus_token: int, draft_s: float, verify_s: float) -> "StepTree":
+        """Pack a verified :class:`~playground.engine.tree.Candidates` (its tensors turned into lists)."""
+        parents = candidates.parents.tolist()
+        depths: list[int] = []
+        for p in parents:
+            depths.append(1 if p < 0 else depths[p] + 1)
+        extras = candidates.extras
+        return cls(candidates.tokens.tolist(), parents, list(candidates.sources), depths, [int(c) for c in path],
+                   int(bonus_token), float(draft_s), float(verify_s), len(extras) if extras is not None else 0)
+
+    def as_dict(self) -> dict:
+        """Plain data: the fields plus ``rejected``."""
+        return {"tokens": list(self.tokens), "parents": list(self.parents), "sources": list(self.sources),
+                "depths": list(self.depths), "path": list(self.path), "rejected": self.rejected,
+                "bonus_token": self.bonus_token, "draft_s": self.draft_s, "verify_s": self.verify_s,
+                "extra_queries": self.extra_queries}
+
+
+@dataclass
 class StepEvent:
     """What one step of one method produced.
 
@@ -154,6 +219,8 @@ class StepEvent:
         stats: the run's totals after this step.
         finished: whether the run is over; finish_reason is ``"eos"``, ``"length"``,
             ``"stop"`` or ``"cancelled"`` when it is.
+        tree: what the step verified (:class:`StepTree`); None for the closing event of a
+            cancelled run (no step ran).
     """
 
     method: str
@@ -168,6 +235,7 @@ class StepEvent:
     stats: RunStats
     finished: bool = False
     finish_reason: str | None = None
+    tree: StepTree | None = None
 
 
 @dataclass

@@ -31,7 +31,7 @@ from playground.engine import GenerationSettings
 from playground.engine import GENERATION_KNOBS, MAX_MEDUSA_HEADS
 from playground.engine import head_source
 
-from . import advisor_tab, bench_tab, charts, insight, medusa_panel, render, theory_tab, worker
+from . import advisor_tab, bench_tab, charts, insight, medusa_panel, render, step_inspector, theory_tab, worker
 from .inputs import STOP_INPUT, _parse, input_names, run_arguments, stop_lines  # noqa: F401 (API)
 from .knobs import knob_input
 from .run_control import StopSignals
@@ -70,7 +70,7 @@ def launch_options() -> dict[str, Any]:
     """
     theme = gr.themes.Default(primary_hue="blue", font=["ui-sans-serif", "system-ui", "sans-serif"],
                               font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
-    return {"theme": theme, "css": PAGE_CSS}
+    return {"theme": theme, "css": PAGE_CSS + step_inspector.STEP_CSS}
 
 
 def load_examples(path: Path = EXAMPLES_PATH) -> list[dict]:
@@ -95,6 +95,7 @@ class _RunView:
         self.stats: dict[str, dict] = {}
         self.timelines: dict[str, list[tuple[float, int]]] = {}
         self.per_step: dict[str, list[int]] = {m: [] for m in self.chosen}  # tokens emitted by each step
+        self.steps = step_inspector.RunSteps(self.chosen)  # the trees each step verified, for the inspector
         self.status = ""
         self.html = {m: "" for m in METHODS}
         self.stats_md = {m: "" for m in METHODS}
@@ -112,7 +113,7 @@ class _RunView:
         if out.last is None:
             self.html[m] = ""  # drop the placeholder; from here on the panel only grows
         out.add(SimpleNamespace(**event))  # RunOutput reads tokens, sources, margins, pieces
-        self.html[m] += render.token_spans(event["pieces"], source_labels())
+        self.html[m] += self.steps.add(event, render.token_spans(event["pieces"], source_labels()))
         self.stats[m] = event["stats"]
         self.timelines.setdefault(m, []).append(tuple(event["point"]))
         if event["tokens"]:
@@ -204,12 +205,12 @@ class _RunView:
         out: list = [self.status]
         for m in METHODS:
             out += [self.html[m], self.stats_md[m], self.badge_md[m]]
-        return tuple(out + [self.chart, self.bars, self.summary() if final else gr.skip()])
+        return tuple(out + [self.chart, self.bars, self.steps, self.summary() if final else gr.skip()])
 
 
 def _message_only(text: str) -> tuple:
     """Output values that change the status line only."""
-    return (text,) + (gr.skip(),) * (3 * len(METHODS) + 3)
+    return (text,) + (gr.skip(),) * (3 * len(METHODS) + 4)
 
 
 def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[tuple]:
@@ -317,6 +318,7 @@ def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
                                            str(target.device), str(target.dtype).removeprefix("torch.")),
                     elem_id="header")
         last_run = gr.State(None)  # plain data of the last finished run (see _RunView.summary)
+        run_steps = gr.State(None)  # the last run's step_inspector.RunSteps (filled while it streams)
         engine_key = worker.register(engine)
         with gr.Tabs(elem_id="tabs"):
             with gr.Tab("Playground", id="playground", elem_id="tab-playground"):
@@ -390,6 +392,7 @@ def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
                     bars = gr.Plot(charts.empty_figure("Throughput", "press Run to compare tokens per second"),
                                    label="Tokens per second", show_label=False, elem_id="bars", scale=2)
 
+                inspector = step_inspector.build(engine, engine_key, run_steps)
                 run_charts = insight.build_run_charts()
             with gr.Tab("Benchmark", id="benchmark", elem_id="tab-benchmark"):
                 bench_tab.build(engine)
@@ -428,8 +431,9 @@ def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
 
         armed = run_btn.click(arm, None, [run_btn, stop_btn], api_visibility="private", queue=False)
         run_event = armed.then(run, [prompt, *use.values(), *knobs, *gen],
-                               [status, *panel_outputs, chart, bars, last_run], api_name="run",
+                               [status, *panel_outputs, chart, bars, run_steps, last_run], api_name="run",
                                concurrency_id="engine")
+        inspector.wire(run_event)
         run_event.then(lambda: (gr.Button(interactive=True), gr.Button(interactive=False)), None,
                        [run_btn, stop_btn], api_visibility="private", queue=False)
         # The per-run charts and the draft panel's insight, from the finished run's plain data.

@@ -82,14 +82,17 @@ def _settings(d: dict) -> GenerationSettings:
 
 
 def event_dict(event) -> dict:
-    """A :class:`StepEvent` as plain data: its fields, ``stats`` as ``RunStats.as_dict()``, and the
-    step's timeline point ``(elapsed_s, new_tokens)``."""
+    """A :class:`StepEvent` as plain data: its fields, ``stats`` as ``RunStats.as_dict()``, the
+    step's timeline point ``(elapsed_s, new_tokens)``, and ``tree``: what the step verified
+    (``StepTree.as_dict()``: token ids, parents, sources, depths, path, rejected, bonus token, draft
+    and verify seconds), None when no step ran."""
     return {"type": "event", "method": event.method, "step": event.step, "tokens": list(event.tokens),
             "sources": list(event.sources), "pieces": [tuple(p) for p in event.pieces],
             "proposed": event.proposed, "accepted": event.accepted, "seconds": event.seconds,
             "margins": list(event.margins), "stats": event.stats.as_dict(),
             "point": (event.stats.elapsed_s, event.stats.new_tokens),
-            "finished": event.finished, "finish_reason": event.finish_reason}
+            "finished": event.finished, "finish_reason": event.finish_reason,
+            "tree": event.tree.as_dict() if getattr(event, "tree", None) is not None else None}
 
 
 # ----- the functions a GPU runs -----------------------------------------------------------------
