@@ -116,7 +116,8 @@ def test_bad_input_shows_a_message_and_server_keeps_serving(client):
     # A knob out of range reaches the handler (no Gradio preprocess error, no server traceback),
     # which refuses the run with a message naming the knob and its bounds.
     _, final = _run(client, "Hello", ["prompt_lookup"], params={"prompt_lookup": {"max_ngram_size": 0}})
-    assert "must be in" in final["status"] and "pill-warning" in final["status"], final["status"]
+    assert "Max n-gram size: allowed values are 1 to 8" in final["status"] and "pill-warning" in final["status"], \
+        final["status"]
 
     _, final = _run(client, "Say hello.", ["autoregressive"], max_new_tokens=4)
     assert _done(final), final["status"]
