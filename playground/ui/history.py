@@ -252,8 +252,8 @@ class HistoryPanel:
         choices = run_choices(new)
         a = choices[1][1] if len(choices) > 1 else choices[0][1]
         b = choices[0][1]
-        return (new, table_html(new), gr.Dropdown(choices=choices, value=a), gr.Dropdown(choices=choices, value=b),
-                compare_html(new, a, b), gr.Dropdown(choices=choices, value=b))
+        return (new, table_html(new), gr.update(choices=choices, value=a), gr.update(choices=choices, value=b),
+                compare_html(new, a, b), gr.update(choices=choices, value=b))
 
     def follow(self, run_event, last_run) -> None:
         """Hang the history off a run event: ``run_event.then(...)`` reading the ``last_run`` state."""
