@@ -224,8 +224,8 @@ class HistoryPanel:
             self.a = gr.Dropdown([], label="First run", elem_id="history-a")
             self.b = gr.Dropdown([], label="Second run", elem_id="history-b")
         self.compare = gr.HTML("", elem_id="history-compare", css_template=HISTORY_CSS)
-        gr.Markdown("### Download a run\nOne record per method, as the benchmark writes them (JSON lines, or "
-                    "CSV for a spreadsheet); the Benchmark tab's summaries read them.")
+        gr.Markdown("### Download a run\nOne record per method, in the format the benchmark writes its results in "
+                    "(JSON lines, or CSV for a spreadsheet), so the benchmark's summaries read them.")
         self.pick = gr.Dropdown([], label="Run", elem_id="history-export")
         with gr.Row():
             self.jsonl = gr.File(label="JSON lines", elem_id="history-jsonl", interactive=False)

@@ -204,11 +204,18 @@ def hub_reachable() -> bool:
 
     if constants.is_offline_mode():
         return False
-    try:
-        socket.create_connection(HUB_HOST, timeout=HUB_TIMEOUT_S).close()
-        return True
-    except OSError:
-        return False
+    answered: list[bool] = []
+
+    def probe() -> None:  # in a thread: a name lookup is not bounded by the socket's timeout
+        try:
+            socket.create_connection(HUB_HOST, timeout=HUB_TIMEOUT_S).close()
+            answered.append(True)
+        except OSError:
+            pass
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(HUB_TIMEOUT_S)
+    return bool(answered)
 
 
 def models_dir(given: str | None = None) -> Path | None:

@@ -25,6 +25,7 @@ from playground.engine import METHODS  # noqa: E402
 
 PROMPT = "List three colours: red, green, blue. Then list them again: red, green,"
 GATE_TIMEOUT_S = 120
+SHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +97,8 @@ def test_choose_models_then_history_and_downloads(browser, engine, gated_load, t
             expect(page.locator("#models-status")).to_contain_text("for this browser tab only")
             expect(page.locator("#header")).to_contain_text("Draft: SmolLM2-135M-Instruct")
             expect(page.locator("#models-current")).to_contain_text("Draft: SmolLM2-135M-Instruct")
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOTS / "models.png"), full_page=True)
 
             # The methods follow this tab's models; another browser session keeps the server's.
             page.get_by_role("tab", name="Playground").click()
@@ -129,6 +132,8 @@ def test_choose_models_then_history_and_downloads(browser, engine, gated_load, t
             expect(compare).to_contain_text("Run 1")
             expect(compare).to_contain_text("Run 2")
             expect(compare.locator('tr[data-method="draft_model"]')).to_have_count(1)
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOTS / "history.png"), full_page=True)
 
             # Downloads of the newest run: the benchmark's records, one per method.
             got = {}
