@@ -106,6 +106,17 @@ def test_each_session_runs_on_its_own_key(loads):
 
     assert list(panel.run(fake_run, "prompt", True, mine)) == [("default", ("prompt", True))]
     assert list(panel.run(fake_run, "prompt", True, panel.cache.default_key)) == [("server", ("prompt", True))]
+    # A run whose engine is dropped while it runs leaves nothing registered behind.
+    engine = panel.cache.get(mine)
+
+    def dropped_meanwhile(engine, *values):
+        worker.register(engine)  # as run_comparison does
+        panel.cache.load(models_tab.ModelChoice("x"))
+        panel.cache.load(models_tab.ModelChoice("y"))  # capacity 2: `mine` is dropped
+        yield "done"
+
+    assert list(panel.run(dropped_meanwhile, mine)) == ["done"]
+    assert engine not in worker.ENGINES.values() and panel.cache.default in worker.ENGINES.values()
 
 
 def test_load_handler_updates_follow_the_new_engine(loads):

@@ -189,6 +189,12 @@ class EngineCache:
             engine = self.get(key)
         return engine
 
+    def release(self, engine: Engine) -> None:
+        """After a run on ``engine``: if it was dropped meanwhile, remove what the run registered."""
+        with self._lock:
+            if engine is not self.default and all(e is not engine for e in self._engines.values()):
+                self._drop("an engine dropped during a run", engine)
+
     @staticmethod
     def _drop(key: str, engine: Engine) -> None:
         for k in [k for k, e in worker.ENGINES.items() if e is engine]:  # also run_comparison's register()
@@ -379,7 +385,10 @@ class ModelsPanel:
             engine = self.cache.ensure(key)
         except (ModelLoadError, ValueError) as e:
             raise gr.Error(f"The models chosen on the Models tab cannot be loaded again: {e}") from None
-        yield from run_comparison(engine, *values)
+        try:
+            yield from run_comparison(engine, *values)
+        finally:
+            self.cache.release(engine)
 
     def load(self, target, draft, medusa, eagle, key, progress=gr.Progress()):
         """The Load handler: load the choice with a progress bar; the outputs follow the new engine."""
