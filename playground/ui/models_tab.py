@@ -376,6 +376,7 @@ class ModelsPanel:
         self.key = gr.State(self.cache.default_key)
 
     def header_fn(self, engine: Engine) -> str:
+        """The page header for ``engine`` (see :func:`header`)."""
         return header(engine, self.title)
 
     def run(self, run_comparison, *values):
