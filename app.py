@@ -102,6 +102,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"port to listen on, 0 to {MAX_PORT}")
     p.add_argument("--threads", type=int, default=argparse.SUPPRESS,
                    help="CPU threads for torch (default: torch's own choice)")
+    p.add_argument("--lock-models", action=argparse.BooleanOptionalAction, default=on_spaces,
+                   help="fix the models for every visitor (the page's Models tab then only says which); "
+                        "--no-lock-models lets each browser session load its own; locked by default on "
+                        "Hugging Face Spaces")
+    p.add_argument("--models-dir", default=os.environ.get("PLAYGROUND_MODELS_DIR"), metavar="FOLDER",
+                   help="folder whose model folders and .gguf files the Models tab offers (default: "
+                        "$PLAYGROUND_MODELS_DIR)")
     p.add_argument("--vllm", action="store_true",
                    help="add a vLLM tab: one vLLM server per method from .venv-vllm, started on demand (docs/vllm.md)")
     p.add_argument("--vllm-url", action="append", metavar="NAME=URL",
@@ -179,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"\nerror: {e}", file=sys.stderr, flush=True)
         return 2
-    demo = build_demo(engine, vllm=vllm)
+    demo = build_demo(engine, vllm=vllm, lock_models=args.lock_models, models_dir=args.models_dir)
     try:
         demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True,
                     **launch_options())

@@ -51,12 +51,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(engine, vllm=None) -> Iterator[str]:
-    """Build the demo for ``engine`` (with a vLLM tab for a ``VLLMSession``), serve it on a free
-    local port, yield its URL, close it."""
+def serve(engine, vllm=None, **options) -> Iterator[str]:
+    """Build the demo for ``engine`` (with a vLLM tab for a ``VLLMSession``; ``options`` such as
+    ``lock_models`` go to ``build_demo``), serve it on a free local port, yield its URL, close it."""
     from playground.ui import build_demo, launch_options
 
-    demo = build_demo(engine, vllm=vllm)
+    demo = build_demo(engine, vllm=vllm, **options)
     demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
                 **launch_options())
     try:

@@ -127,3 +127,28 @@ def from_csv(text: str) -> list[dict]:
                 raise ValueError(f"row {n}, column {c!r}: not valid JSON: {cell[:40]!r}") from None
         out.append(rec)
     return out
+
+
+def measured_fields(stats: dict, output_ids: list[int], output_text: str, margins: list[float],
+                    finish_reason: str | None) -> dict:
+    """The measured part of one record (everything but the question, turn, method and params).
+
+    Args:
+        stats: a run's statistics as ``RunStats.as_dict()`` gives them (``new_tokens``, ``steps``,
+            ``elapsed_s``, ``ttft_s`` (seconds), ``tokens_per_s``, ``tau``, ``alpha``, ``proposed``,
+            ``accepted``).
+        output_ids: the new token ids, ``(new_tokens,)``; output_text: their text.
+        margins: the target's top-1 minus top-2 logit at each output token, ``(new_tokens,)``.
+        finish_reason: why the run ended (``"eos"``, ``"length"``, ``"stop"``, ``"cancelled"``...).
+
+    The benchmark's runner and the page's run export both build records with it, so both
+    files read back with :func:`from_jsonl` / :func:`from_csv` and summarise alike.
+
+    Raises:
+        KeyError: ``stats`` lacks one of the fields above.
+    """
+    return {"new_tokens": stats["new_tokens"], "steps": stats["steps"], "wall_s": stats["elapsed_s"],
+            "ttft_s": stats["ttft_s"], "tokens_per_s": stats["tokens_per_s"], "mean_accepted_tokens": stats["tau"],
+            "acceptance_rate": stats["alpha"], "proposed": stats["proposed"], "accepted": stats["accepted"],
+            "finish_reason": finish_reason, "output_ids": list(output_ids), "output_text": output_text,
+            "margins": [round(float(x), 5) for x in margins]}

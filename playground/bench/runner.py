@@ -26,6 +26,7 @@ from typing import Callable, Iterator
 
 from .errors import BenchError
 from .questions import Question
+from .records import measured_fields
 
 WARMUP_PROMPT = "Write two sentences about the sea. The sea is"
 WARMUP_TOKENS = 16
@@ -141,13 +142,8 @@ def run_method(engine, prompt_ids: list[int], spec, settings) -> dict:
     for event in engine.run_one(prompt_ids, spec, settings):
         out.add(event)
     stats = out.last.stats
-    return {
-        "new_tokens": stats.new_tokens, "steps": stats.steps, "wall_s": stats.elapsed_s, "ttft_s": stats.ttft_s,
-        "tokens_per_s": stats.tokens_per_s, "mean_accepted_tokens": stats.tau, "acceptance_rate": stats.alpha,
-        "proposed": stats.proposed, "accepted": stats.accepted, "finish_reason": out.last.finish_reason,
-        "output_ids": out.ids, "output_text": out.text, "margins": [round(x, 5) for x in out.margins],
-        "accepted_at": list(stats.accepted_at), "proposed_at": list(stats.proposed_at),
-    }
+    return {**measured_fields(stats.as_dict(), out.ids, out.text, out.margins, out.last.finish_reason),
+            "accepted_at": list(stats.accepted_at), "proposed_at": list(stats.proposed_at)}
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,7 @@
 The rules and the advice come from :mod:`playground.advisor` (data plus one function, quoting
 ``assets/measurements.json``); this module only lays them out, applies an
 :class:`~playground.advisor.Advice` to the Playground tab's checkboxes and sliders, and offers the
-model presets (:mod:`playground.presets`, loaded through ``Engine.load`` like the default; a preset
-that cannot load here shows the loader's message).
+model presets (:mod:`playground.presets`; the Models tab, :mod:`.models_tab`, loads them per session).
 """
 
 from __future__ import annotations
@@ -182,28 +181,6 @@ def preset_markdown(name: str) -> str:
     return ", ".join(parts) + f" ({where}). {p.note}"
 
 
-def load_preset(engine, name: str) -> str:
-    """Load preset ``name`` into ``engine`` (its models are replaced); return a message.
-
-    Loading goes through :func:`presets.load_preset` (``Engine.load``: the target, its draft
-    and Medusa heads, the shipped ones for the embedded default); a failure
-    (no hub, unknown id, out of memory) is reported, and the loaded models stay.
-    """
-    from playground.engine import ModelLoadError
-
-    try:
-        p = presets.get_preset(name)
-        if p.target == getattr(engine.target, "spec", None) and (p.draft is None or engine.draft is not None):
-            return f"{p.label} is already loaded."
-        new = presets.load_preset(name, engine.target.device, engine.target.dtype)
-    except (ModelLoadError, ValueError, MemoryError, OSError) as e:
-        return f"**Could not load preset {html.escape(name)}:** {html.escape(str(e))}"
-    target, draft = new.target, new.draft
-    engine.replace_models(new)  # between steps: runs in flight finish their current step first
-    return (f"Loaded **{html.escape(target.name)}**" + (f" with draft {html.escape(draft.name)}" if draft else "")
-            + ". Reload the page to see the header and the methods that are now available.")
-
-
 def build(engine, use: dict, knobs: dict) -> None:
     """Lay the tab out and wire Apply to the Playground tab's ``use`` checkboxes and ``knobs`` sliders.
 
@@ -245,14 +222,13 @@ def build(engine, use: dict, knobs: dict) -> None:
             out = gr.Markdown(md0, elem_id="advisor-output")
             state = gr.State(adv0)
     with gr.Accordion("Model presets", open=True, elem_id="presets"):
-        gr.Markdown("Each preset is a target with its drafts or Medusa heads. Loading uses the same loader as "
-                    "`--target`; hub presets need the Hugging Face hub (and usually a GPU). On the command line: "
-                    "`python app.py --preset NAME`.")
+        gr.Markdown("Each preset is a target with its drafts or Medusa heads; hub presets need the Hugging Face "
+                    "hub (and usually a GPU). To run one, choose it on the Models tab: it loads for this browser "
+                    "tab only.")
         with gr.Row():
             pick = gr.Dropdown([(p.label, p.name) for p in presets.PRESETS.values()], value="default",
                                label="Preset", elem_id="preset-pick")
             fill_btn = gr.Button("Use its sizes in the advisor", size="sm", elem_id="preset-fill")
-            load_btn = gr.Button("Load preset", size="sm", elem_id="preset-load")
         preset_info = gr.Markdown(preset_markdown("default"), elem_id="preset-info")
         with gr.Accordion("The advisor's rules", open=False):
             gr.Markdown("\n".join(f"- **`{r.id}`**: {r.guidance} _({r.source})_" for r in advisor.RULES.values()))
@@ -279,5 +255,3 @@ def build(engine, use: dict, knobs: dict) -> None:
 
     fill_btn.click(fill, pick, [target_b, draft_b, train, loaded_draft, loaded_medusa], api_visibility="private",
                    queue=False)
-    load_btn.click(lambda name: load_preset(engine, name), pick, preset_info, api_visibility="private",
-                   concurrency_id="engine")

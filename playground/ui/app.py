@@ -31,7 +31,8 @@ from playground.engine import GenerationSettings
 from playground.engine import GENERATION_KNOBS, MAX_MEDUSA_HEADS
 from playground.engine import head_source
 
-from . import advisor_tab, bench_tab, charts, insight, medusa_panel, render, step_inspector, theory_tab, worker
+from . import advisor_tab, bench_tab, charts, history, insight, medusa_panel, models_tab, render, step_inspector
+from . import theory_tab, worker
 from .inputs import STOP_INPUT, _parse, input_names, run_arguments, stop_lines  # noqa: F401 (API)
 from .knobs import knob_input
 from .run_control import StopSignals
@@ -86,8 +87,9 @@ def load_examples(path: Path = EXAMPLES_PATH) -> list[dict]:
 class _RunView:
     """The page's state during one run (one instance per call: nothing is shared)."""
 
-    def __init__(self, engine: Engine, specs: list[MethodSpec], settings: GenerationSettings):
+    def __init__(self, engine: Engine, specs: list[MethodSpec], settings: GenerationSettings, prompt: str = ""):
         self.engine = engine
+        self.prompt, self.settings = prompt, worker.settings_dict(settings)  # for the run history
         self.chosen = [s.name for s in specs]
         self.greedy = settings.sampling.greedy
         self.outputs = {s.name: RunOutput(s.name, s.params) for s in specs}
@@ -186,14 +188,18 @@ class _RunView:
         self.bars = charts.speed_figure(speed, self.colors)
 
     def summary(self) -> dict:
-        """The run as plain data for the insight charts and the Theory tab: ``{"target", "dtype",
-        "baseline_tokens_per_s", "methods": {method: {"label", "params", "stats" (RunStats.as_dict),
-        "tokens_per_step": [int, ...]}}}``."""
+        """The run as plain data for the insight charts, Theory and History tabs: ``{"target", "draft", "dtype",
+        "prompt", "settings" (worker.settings_dict), "baseline_tokens_per_s", "methods": {method: {"label", "params",
+        "stats" (RunStats.as_dict), "tokens_per_step", "output_ids", "output_text", "margins", "finish_reason"}}}``."""
         base = self.stats.get(BASELINE, {}).get("tokens_per_s") if BASELINE in self.chosen else None
-        return {"target": self.engine.target.name, "dtype": str(self.engine.target.dtype).removeprefix("torch."),
-                "baseline_tokens_per_s": base or None,
+        draft = getattr(self.engine, "draft", None)
+        return {"target": self.engine.target.name, "draft": draft.name if draft is not None else None,
+                "dtype": str(self.engine.target.dtype).removeprefix("torch."), "prompt": self.prompt,
+                "settings": self.settings, "baseline_tokens_per_s": base or None,
                 "methods": {m: {"label": METHODS[m].label, "params": self.outputs[m].params,
-                                "stats": self.stats.get(m, {}), "tokens_per_step": list(self.per_step[m])}
+                                "stats": self.stats.get(m, {}), "tokens_per_step": list(self.per_step[m]),
+                                "output_ids": list(self.outputs[m].ids), "output_text": self.outputs[m].text,
+                                "margins": list(self.outputs[m].margins), "finish_reason": self.reasons[m]}
                             for m in self.chosen}}
 
     def values(self, final: bool = False) -> tuple:
@@ -242,7 +248,7 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
             gr.Warning(str(e))
             yield _message_only(render.status_html("warning", str(e)))
             return
-        view = _RunView(engine, specs, settings)
+        view = _RunView(engine, specs, settings, prompt)
         labels = ", ".join(METHODS[s.name].label for s in specs)
         start = last = last_chart = time.perf_counter()
         events = stream(worker.register(engine), prompt, worker.spec_dicts(specs), worker.settings_dict(settings))
@@ -296,7 +302,7 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
 
 
 # ----- the page ---------------------------------------------------------------------------
-def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
+def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, models_dir=None) -> gr.Blocks:
     """Build the playground page for ``engine`` (launch it with ``**launch_options()``).
 
     The page has: a header naming the models, device and dtype; the prompt (``#prompt``) with
@@ -305,18 +311,15 @@ def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
     line (``#status``); one panel per method (``#panel-<method>``, tokens coloured by source,
     a stats line and a lossless badge); the tokens-over-time chart (``#chart``) and the
     throughput bars (``#bars``). The run is served at ``api_name="run"``. With ``vllm`` (a
-    :class:`.vllm_panel.VLLMSession`) a vLLM tab serves the same prompt through vLLM.
+    :class:`.vllm_panel.VLLMSession`) a vLLM tab serves the same prompt through vLLM. The Models tab
+    (:mod:`.models_tab`; ``lock_models``, default on Spaces, fixes them) and History tab (:mod:`.history`).
     """
-    target = engine.target
-    draft = getattr(engine, "draft", None)
     examples = load_examples()
     sources = legend_sources(engine)
     available = {m: engine.unavailable_reason(m) is None for m in METHODS}
 
     with gr.Blocks(title=TITLE) as demo:
-        gr.Markdown(render.header_markdown(TITLE, target.name, draft.name if draft is not None else None,
-                                           str(target.device), str(target.dtype).removeprefix("torch.")),
-                    elem_id="header")
+        header = gr.Markdown(models_tab.header(engine, TITLE), elem_id="header")
         last_run = gr.State(None)  # plain data of the last finished run (see _RunView.summary)
         run_steps = gr.State(None)  # the last run's step_inspector.RunSteps (filled while it streams)
         engine_key = worker.register(engine)
@@ -336,14 +339,13 @@ def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
                         status = gr.HTML("", elem_id="status", label="status")
                     with gr.Column(scale=2):
                         gr.Markdown("### Methods")
-                        use, knobs = {}, []
+                        use, knobs, reasons = {}, [], {}
                         for m, info in METHODS.items():
                             reason = engine.unavailable_reason(m)
                             use[m] = gr.Checkbox(value=available[m], label=info.label, info=info.description,
                                                  interactive=available[m], elem_id=f"use-{m}")
-                            if reason:
-                                gr.Markdown(f"**Unavailable:** {reason}", elem_id=f"reason-{m}",
-                                            elem_classes=["unavailable-reason"])
+                            reasons[m] = gr.Markdown(f"**Unavailable:** {reason}" if reason else "", visible=bool(
+                                reason), elem_id=f"reason-{m}", elem_classes=["unavailable-reason"])
                             if info.knobs:
                                 with gr.Accordion(f"{info.label} settings", open=False):
                                     knobs += [knob_input(k, f"{m}-{k.name}", available[m],
@@ -394,6 +396,11 @@ def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
 
                 inspector = step_inspector.build(engine, engine_key, run_steps)
                 run_charts = insight.build_run_charts()
+            with gr.Tab("Models", id="models", elem_id="tab-models"):
+                models = models_tab.ModelsPanel(engine, lock_models, models_dir, TITLE)
+                models.build(header, use, reasons, knobs, _knob_keys())
+            with gr.Tab("History", id="history", elem_id="tab-history"):
+                runs = history.HistoryPanel()
             with gr.Tab("Benchmark", id="benchmark", elem_id="tab-benchmark"):
                 bench_tab.build(engine)
             with gr.Tab("Theory", id="theory", elem_id="tab-theory") as theory:
@@ -411,11 +418,11 @@ def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
         use["draft_model"].change(lambda on: gr.Column(visible=bool(on)), use["draft_model"], insight_col,
                                   api_visibility="private", queue=False)
 
-        def run(request: gr.Request, *values):
+        def run(request: gr.Request, *values):  # the last value: this session's engine key (the Models tab)
             key = getattr(request, "session_hash", None)
             flag = STOPS.flag(key)  # armed by the Run click; a fresh one for an API call
             try:
-                yield from run_comparison(engine, *values, stop=flag)
+                yield from models.run(lambda chosen, *v: run_comparison(chosen, *v, stop=flag), *values)
             finally:
                 STOPS.release(key, flag)
 
@@ -423,14 +430,14 @@ def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
         # (Gradio passes the request to a positional parameter annotated gr.Request; it is not an input.)
         run.__signature__ = inspect.Signature(
             [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)]
-            + [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in input_names()])
+            + [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in input_names() + ["engine_key"]])
 
         def arm(request: gr.Request):
             STOPS.arm(getattr(request, "session_hash", None))
             return gr.Button(interactive=False), gr.Button(interactive=True)
 
         armed = run_btn.click(arm, None, [run_btn, stop_btn], api_visibility="private", queue=False)
-        run_event = armed.then(run, [prompt, *use.values(), *knobs, *gen],
+        run_event = armed.then(run, [prompt, *use.values(), *knobs, *gen, models.key],
                                [status, *panel_outputs, chart, bars, run_steps, last_run], api_name="run",
                                concurrency_id="engine")
         inspector.wire(run_event)
@@ -439,6 +446,7 @@ def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
         # The per-run charts and the draft panel's insight, from the finished run's plain data.
         run_event.then(lambda summary: insight.after_run(summary, engine_key), last_run,
                        [*run_charts, *draft_insight], api_visibility="private", queue=False)
+        runs.follow(run_event, last_run)  # the History tab
         # Stop sets this session's flag; the run ends after its current step and says so itself.
         def stop(request: gr.Request):
             STOPS.stop(getattr(request, "session_hash", None))
