@@ -439,7 +439,7 @@ def exact_first_three(model, prompt: list[int], cfg, vocab: int) -> torch.Tensor
 
 
 def sample_first_three(target, drafter_factory: Callable[[int], Drafter], prompt: list[int], cfg,
-                       runs: int, vocab: int) -> tuple[torch.Tensor, int, int]:
+                       runs: int, vocab: int, repetition_penalty: float | None = None) -> tuple[torch.Tensor, int, int]:
     """Decode ``runs`` times (seeds 0..runs-1, a fresh ``drafter_factory(seed)`` each) and count
     the first three new tokens: ``((V, V, V) counts, tokens accepted, tokens proposed)``."""
     from playground.engine import SamplingConfig
@@ -448,7 +448,8 @@ def sample_first_three(target, drafter_factory: Callable[[int], Drafter], prompt
     samples, accepted, proposed = [], 0, 0
     for seed in range(runs):
         settings = GenerationSettings(max_new_tokens=4, sampling=SamplingConfig(
-            temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=seed))
+            temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=seed),
+            repetition_penalty=repetition_penalty)
         out = []
         for event in decode(lm, drafter_factory(seed), prompt, settings):
             out += event.tokens

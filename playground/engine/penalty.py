@@ -92,8 +92,8 @@ def repetition_penalty_reference(logits: torch.Tensor, sequences: list[list[int]
     for r, seq in enumerate(sequences):
         for x in set(seq):
             if x < out.shape[-1]:
-                v = float(logits[r, x])
-                out[r, x] = v * penalty if v < 0 else v / penalty
+                v = logits[r, x]
+                out[r, x] = v * penalty if v < 0 else v / penalty  # in the logits' dtype
     return out
 
 
