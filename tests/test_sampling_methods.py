@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import playground.engine.decoding as decoding
-from helpers import FakeLoaded, chi_square_gof, exact_first_three, noisy_copy, sample_first_three, tiny_llama
+from helpers import TEST_DEVICE, TEST_DTYPE, FakeLoaded, chi_square_gof, exact_first_three, noisy_copy, sample_first_three, tiny_llama
 from playground.engine import METHODS as REGISTRY
 from playground.engine import Engine, MethodSpec, SamplingConfig
 from playground.engine.verify import Verdict
@@ -52,9 +52,12 @@ def engine():
     Medusa heads and a random EAGLE head (drafts are both accepted and rejected)."""
     target = tiny_llama(7, vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
                         intermediate_size=32, head_std=0.3)
-    heads = random_heads(target, 2, scale=0.05)
-    return Engine(FakeLoaded(target), FakeLoaded(noisy_copy(target, 0.3, 8)), medusa=heads,
-                  eagle=tiny_head(target, 0, draft_vocab=8, layers=(0, 1, 2)))
+    where = {"device": TEST_DEVICE, "dtype": TEST_DTYPE}  # the GPU check's device and dtype (else CPU, fp32)
+    heads = random_heads(target.float().cpu(), 2, scale=0.05)
+    eagle = tiny_head(target, 0, draft_vocab=8, layers=(0, 1, 2))
+    target.to(**where)
+    return Engine(FakeLoaded(target), FakeLoaded(noisy_copy(target, 0.3, 8)), medusa=heads.to(**where),
+                  eagle=eagle.to(**where))
 
 
 @pytest.fixture(scope="module")
