@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import copy
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,6 +28,12 @@ from playground.engine.verify import Verdict
 # --------------------------------------------------------------------------------------------
 # Tiny random-weight Llama models
 # --------------------------------------------------------------------------------------------
+
+
+TEST_DEVICE = os.environ.get("PLAYGROUND_DEVICE", "cpu")
+"""Device of the tiny models (``PLAYGROUND_DEVICE``; ``scripts/gpu_check.sh`` sets ``cuda``)."""
+TEST_DTYPE = getattr(torch, os.environ.get("PLAYGROUND_DTYPE", "float32"))
+"""Dtype of the tiny models (``PLAYGROUND_DTYPE``: float32, the default, or bfloat16, float16)."""
 
 
 def tiny_llama(seed: int, vocab_size: int = 64, hidden_size: int = 32, num_layers: int = 2,
@@ -55,6 +62,8 @@ def tiny_llama(seed: int, vocab_size: int = 64, hidden_size: int = 32, num_layer
             else:
                 scale = embed_std if "embed_tokens" in name else head_std if "lm_head" in name else std
                 p.copy_(torch.randn(p.shape, generator=g) * scale)
+    if TEST_DEVICE != "cpu" or TEST_DTYPE != torch.float32:  # the GPU check (weights drawn on the CPU first)
+        model = model.to(device=TEST_DEVICE, dtype=TEST_DTYPE)
     return model
 
 
@@ -430,7 +439,8 @@ def exact_first_three(model, prompt: list[int], cfg, vocab: int) -> torch.Tensor
     from playground.engine import logits_to_probs
 
     def next_probs(prefixes: list[list[int]]) -> torch.Tensor:
-        return logits_to_probs(model(input_ids=torch.tensor(prefixes)).logits[:, -1].float(), cfg).double()
+        ids = torch.tensor(prefixes, device=next(model.parameters()).device)
+        return logits_to_probs(model(input_ids=ids).logits[:, -1].float(), cfg).double().cpu()
 
     p1 = next_probs([prompt])[0]
     p2 = next_probs([prompt + [a] for a in range(vocab)])  # (V, V)
@@ -439,7 +449,7 @@ def exact_first_three(model, prompt: list[int], cfg, vocab: int) -> torch.Tensor
 
 
 def sample_first_three(target, drafter_factory: Callable[[int], Drafter], prompt: list[int], cfg,
-                       runs: int, vocab: int) -> tuple[torch.Tensor, int, int]:
+                       runs: int, vocab: int, repetition_penalty: float | None = None) -> tuple[torch.Tensor, int, int]:
     """Decode ``runs`` times (seeds 0..runs-1, a fresh ``drafter_factory(seed)`` each) and count
     the first three new tokens: ``((V, V, V) counts, tokens accepted, tokens proposed)``."""
     from playground.engine import SamplingConfig
@@ -448,7 +458,8 @@ def sample_first_three(target, drafter_factory: Callable[[int], Drafter], prompt
     samples, accepted, proposed = [], 0, 0
     for seed in range(runs):
         settings = GenerationSettings(max_new_tokens=4, sampling=SamplingConfig(
-            temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=seed))
+            temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=seed),
+            repetition_penalty=repetition_penalty)
         out = []
         for event in decode(lm, drafter_factory(seed), prompt, settings):
             out += event.tokens

@@ -40,7 +40,8 @@ _EXPORTS: dict[str, str] = {
     # knobs and limits
     "Knob": "limits", "ChoiceKnob": "limits", "GENERATION_KNOBS": "limits", "DTYPE_CHOICES": "limits",
     "MAX_NEW_TOKENS_KNOB": "limits", "TEMPERATURE_KNOB": "limits", "TOP_P_KNOB": "limits", "TOP_K_KNOB": "limits",
-    "SEED_KNOB": "limits", "MAX_SPECULATIVE_TOKENS": "limits", "MAX_MEDUSA_HEADS": "limits",
+    "SEED_KNOB": "limits", "REPETITION_PENALTY_KNOB": "limits", "MAX_REPETITION_PENALTY": "limits",
+    "apply_repetition_penalty": "penalty", "model_generation_settings": "penalty", "MAX_SPECULATIVE_TOKENS": "limits", "MAX_MEDUSA_HEADS": "limits",
     "MEDUSA_TOP_K": "limits", "MAX_STOP_STRINGS": "limits", "MAX_STOP_STRING_CHARS": "limits",
     "POSTERIOR_THRESHOLD_KNOB": "limits", "POSTERIOR_ALPHA_KNOB": "limits",
     "K_KNOB": "limits", "DRAFT_CONFIDENCE_KNOB": "limits", "PROMPT_LOOKUP_NGRAM_KNOB": "limits",

@@ -17,7 +17,8 @@ from .budget import apply_budget
 from .detok import IncrementalDetokenizer
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_TARGET, RunStats, StepEvent, StepTree
-from .limits import MAX_NEW_TOKENS_KNOB, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+from .limits import MAX_NEW_TOKENS_KNOB, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, REPETITION_PENALTY_KNOB
+from .penalty import apply_repetition_penalty
 from .sampling import SamplingConfig, logits_to_probs
 from .target import CausalLM
 from .tree import Candidates, pass_attention
@@ -36,19 +37,29 @@ class GenerationSettings:
             (the string, and whatever else that token holds, is kept, as transformers'
             ``stop_strings`` does); finish reason ``"stop"``. At most ``MAX_STOP_STRINGS`` strings of
             1 to ``MAX_STOP_STRING_CHARS`` characters. Needs a tokenizer.
+        repetition_penalty: transformers' repetition penalty over prompt + output, applied to the
+            target's logits along each candidate path (:mod:`.penalty`); within
+            ``REPETITION_PENALTY_KNOB``'s bounds. None: the target's own ``generation_config`` value
+            (resolved by :class:`~playground.engine.engine.Engine`; 1.0 = off when :func:`decode` is
+            called directly).
 
     Raises:
-        ValueError: ``max_new_tokens`` out of range, or a stop string empty or too long, or too many.
-        TypeError: ``sampling`` is not a :class:`SamplingConfig`, or a stop string is not text.
+        ValueError: ``max_new_tokens`` or ``repetition_penalty`` out of range, or a stop string empty
+            or too long, or too many.
+        TypeError: ``sampling`` is not a :class:`SamplingConfig`, ``stop_on_eos`` not a bool, or a
+            stop string is not text.
     """
 
     max_new_tokens: int = MAX_NEW_TOKENS_KNOB.default
     sampling: SamplingConfig = SamplingConfig()
     stop_on_eos: bool = True
     stop_strings: tuple[str, ...] = ()
+    repetition_penalty: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "max_new_tokens", MAX_NEW_TOKENS_KNOB.check(self.max_new_tokens))
+        if not isinstance(self.stop_on_eos, bool):
+            raise TypeError(f"stop_on_eos must be True or False, got {self.stop_on_eos!r}")
         if not isinstance(self.sampling, SamplingConfig):
             raise TypeError(f"sampling must be a SamplingConfig, got {type(self.sampling).__name__}")
         stops = (self.stop_strings,) if isinstance(self.stop_strings, str) else tuple(self.stop_strings or ())
@@ -60,6 +71,8 @@ class GenerationSettings:
             if not 1 <= len(s) <= MAX_STOP_STRING_CHARS:
                 raise ValueError(f"each stop string must have 1 to {MAX_STOP_STRING_CHARS} characters, got {s!r}")
         object.__setattr__(self, "stop_strings", stops)
+        if self.repetition_penalty is not None:
+            object.__setattr__(self, "repetition_penalty", REPETITION_PENALTY_KNOB.check(self.repetition_penalty))
 
 
 def _margins(logits: torch.Tensor) -> list[float]:
@@ -169,6 +182,7 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
     if settings.stop_strings and tokenizer is None:
         raise ValueError("stop strings need a tokenizer to read the output's text")
     sampling, layers = settings.sampling, tuple(drafter.feature_layers)
+    penalty = settings.repetition_penalty or 1.0
     generator = None if sampling.greedy else sampling.generator(target.device)
     out = _Output(method or drafter.name, drafter, prompt_ids, settings,
                   set(eos_token_ids) if settings.stop_on_eos else set(), tokenizer)
@@ -179,6 +193,7 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
     with target.capture_features(layers) as features:
         logits = target.forward(cache, torch.tensor(prompt_ids, dtype=torch.long), last_only=True)
         feats = features() if layers else None
+    logits = apply_repetition_penalty(logits, prompt_ids, None, None, penalty)
     first = int(logits[0].argmax()) if sampling.greedy else \
         int(torch.multinomial(logits_to_probs(logits[0], sampling), 1, generator=generator).item())
     event = out.emit([first], [SOURCE_TARGET], _margins(logits), step=0, proposed=0, accepted=0,
@@ -208,6 +223,8 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         # 2. Verify: the root plus every candidate in one target forward pass; 3. the rule that applies.
         past_len = len(out.tokens) - 1
         logits, extra_logits, feats = _target_pass(target, cache, out.tokens, cand, layers)
+        logits = apply_repetition_penalty(logits, out.tokens, cand.parents.cpu() if len(cand) else None,
+                                          cand.tokens.cpu() if len(cand) else None, penalty)
         verdict = verify(cand, logits, sampling, generator, drafter.typical)
         # 4. Commit: keep the root and the accepted path in the KV cache, drop the rest; the drafter learns.
         rows = [0] + [c + 1 for c in verdict.path]

@@ -8,6 +8,8 @@ builds its own caches and drafters, and a lock serialises steps across concurren
 
 from __future__ import annotations
 
+import dataclasses
+import numbers
 import threading
 from typing import Any, Callable, Iterator
 
@@ -17,6 +19,7 @@ from . import methods as _methods  # noqa: F401  (registers every method)
 from .decoding import GenerationSettings, decode
 from .drafter import Drafter
 from .events import StepEvent
+from .penalty import model_generation_settings, model_repetition_penalty
 from .registry import METHODS, MethodSpec
 from .target import CausalLM
 
@@ -55,7 +58,8 @@ class Engine:
         self.eagle = eagle
         self._lock = threading.RLock()  # one step (or one calibration) at a time
         self._persistent: dict[str, Any] = {}
-        self._persistent_lock = threading.Lock()
+        self.calibrations: dict[str, int] = {}
+        """How many times each :meth:`persistent` key's factory ran (1 each, unless forgotten)."""
 
     @classmethod
     def load(cls, target: str, draft: str | None = None, medusa: str | None = None,
@@ -131,14 +135,16 @@ class Engine:
 
     def describe(self) -> dict:
         """Plain facts about the loaded models for the UI and the records: target name, spec,
-        device, dtype (a string), context length, draft name, Medusa and EAGLE head counts."""
+        device, dtype (a string), context length, draft name, Medusa and EAGLE head counts, and
+        ``generation_config``: the target's own generation settings (:meth:`generation_defaults`:
+        which are applied, which only suggested, which ignored)."""
         t = self.target
         return {"target": t.name, "target_spec": getattr(t, "spec", None), "device": str(t.device),
                 "dtype": str(t.dtype).removeprefix("torch."), "context_length": t.context_length,
                 "draft": self.draft.name if self.draft is not None else None,
                 "medusa_heads": self.medusa.num_heads if self.medusa is not None else 0,
                 "draft_medusa_heads": self.draft_medusa.num_heads if self.draft_medusa is not None else 0,
-                "eagle": self.eagle is not None}
+                "eagle": self.eagle is not None, "generation_config": self.generation_defaults()}
 
     @property
     def dtype(self) -> torch.dtype:
@@ -207,14 +213,20 @@ class Engine:
     def persistent(self, key: str, factory: Callable[[], Any]) -> Any:
         """The object kept under ``key`` for this engine's lifetime, made by ``factory()`` on first use.
 
-        One-time calibrations (Medusa's ``auto`` tree, the verify-cost curve) and state that
-        learns across runs (suffix decoding's global cache) live here. ``factory`` runs once,
-        under the engine's step lock, even when several threads ask at once.
+        One-time calibrations (Medusa's ``auto`` tree, the verify-cost and step-cost curves) and
+        state that learns across runs (suffix decoding's global cache) live here. ``factory`` runs
+        once, under the engine's step lock (so no method steps while a calibration times the
+        device), even when several threads ask at once: the check for an existing object is
+        repeated under the lock. The lock is re-entrant, so a factory may ask for another key.
         """
-        with self._persistent_lock:
+        try:
+            return self._persistent[key]  # made already: no lock needed to read it
+        except KeyError:
+            pass
+        with self._lock:
             if key not in self._persistent:
-                with self._lock:
-                    self._persistent[key] = factory()
+                self.calibrations[key] = self.calibrations.get(key, 0) + 1
+                self._persistent[key] = factory()
             return self._persistent[key]
 
     def has_persistent(self, key: str) -> bool:
@@ -224,7 +236,7 @@ class Engine:
     def forget(self, prefix: str = "") -> None:
         """Drop the persistent state whose key starts with ``prefix`` (all when empty); the benchmark
         calls it after warm-up so that no method learns from warm-up output."""
-        with self._persistent_lock:
+        with self._lock:
             for key in [k for k in self._persistent if k.startswith(prefix)]:
                 del self._persistent[key]
 
@@ -235,14 +247,26 @@ class Engine:
 
     def verify_cost(self, sizes=None):
         """This device's measured cost of one target pass over n tokens relative to one
-        (:class:`~playground.engine.theory.VerifyCost`), measured once per engine (under the lock).
-        ``sizes`` given: measured afresh at those sizes, not kept."""
-        from .theory import measure_verify_cost
+        (:class:`~playground.engine.theory.VerifyCost`), measured once per engine (under the lock)
+        at :data:`~playground.engine.theory.VERIFY_COST_SIZES` (those that fit the context) and kept:
+        the one curve the Theory tab and EAGLE's ``auto`` tree size read. ``sizes`` given: measured
+        afresh at those sizes, not kept.
+
+        Raises:
+            ValueError: a size below 1, or sizes that do not fit the target's context.
+        """
+        from .theory import VERIFY_COST_SIZES, measure_verify_cost
 
         if sizes is not None:
             with self._lock:
                 return measure_verify_cost(self.target, sizes)
-        return self.persistent("verify_cost", lambda: measure_verify_cost(self.target))
+
+        def measure():
+            ctx = int(getattr(self.target_lm.model.config, "max_position_embeddings", 0) or 1 << 30)
+            prefix = min(128, ctx // 2)
+            fit = [n for n in VERIFY_COST_SIZES if prefix + n <= ctx] or [1]
+            return measure_verify_cost(self.target, fit, prefix_len=prefix, repeats=3)
+        return self.persistent("verify_cost", measure)
 
     def replace_models(self, other: "Engine") -> None:
         """Take ``other``'s models (a preset switch), between two steps of any run in flight."""
@@ -301,29 +325,62 @@ class Engine:
                 :meth:`encode_prompt` first).
             ValueError: an empty prompt, or an id outside ``[0, vocab_size)``.
         """
-        if hasattr(prompt_ids, "tolist") and not isinstance(prompt_ids, (list, tuple)):
+        wrong = ("prompt_ids must be a list of integer token ids (or a tuple, 1-D tensor or array): "
+                 "encode text with Engine.encode_prompt first")
+        shape = getattr(prompt_ids, "shape", None)
+        if shape is not None and not isinstance(prompt_ids, (list, tuple)):
+            if len(shape) != 1:
+                raise TypeError(f"prompt_ids must be 1-D (prompt_len,), got shape {tuple(shape)}")
+            dtype = str(getattr(prompt_ids, "dtype", ""))
+            if "int" not in dtype:
+                raise TypeError(f"{wrong}; got an array of {dtype.removeprefix('torch.')}")
             prompt_ids = prompt_ids.tolist()  # tensors and arrays
-            if not isinstance(prompt_ids, list):
-                prompt_ids = [prompt_ids]
         if isinstance(prompt_ids, (str, bytes, dict)) or not hasattr(prompt_ids, "__iter__"):
-            raise TypeError("prompt_ids must be a list of integer token ids (or a tuple, 1-D tensor or array): "
-                            "encode text with Engine.encode_prompt first")
-        ids = list(prompt_ids)
-        if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
-            raise TypeError("prompt_ids must be a list of integer token ids (or a tuple, 1-D tensor or array): "
-                            "encode text with Engine.encode_prompt first")
+            raise TypeError(wrong)
+        ids = []
+        for t in prompt_ids:  # one pass: a generator is read once
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise TypeError(f"{wrong}; got an element {t!r} ({type(t).__name__})")
+            ids.append(int(t))
         if not ids:
             raise ValueError("the prompt is empty: type something to generate from")
         vocab = self.target.model.get_input_embeddings().num_embeddings
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the target's vocabulary of {vocab} tokens")
-        return [int(t) for t in ids]
+        return ids
 
-    def _check_run(self, prompt_ids, specs, settings) -> tuple[list[int], list[Drafter]]:
-        """Everything a run checks before its first step; returns the ids and fresh drafters."""
+    def resolve_settings(self, settings: GenerationSettings) -> GenerationSettings:
+        """``settings`` with the target's own defaults filling what the caller left unset: the
+        ``repetition_penalty`` of its ``generation_config`` (1.0 when it has none). The model's
+        sampling defaults (temperature, top-p, top-k) are not applied: runs sample only when the
+        caller asks (see :meth:`generation_defaults`).
+
+        Raises:
+            TypeError: ``settings`` is not :class:`GenerationSettings`.
+            ValueError: the model's repetition penalty is outside the knob's bounds.
+        """
         if not isinstance(settings, GenerationSettings):
             raise TypeError(f"settings must be GenerationSettings, got {type(settings).__name__}")
+        if settings.repetition_penalty is None:
+            settings = dataclasses.replace(settings, repetition_penalty=model_repetition_penalty(self.target.model))
+        return settings
+
+    def generation_defaults(self) -> dict:
+        """What the target's ``generation_config`` asks for (see :func:`.penalty.model_generation_settings`):
+        ``{"applied": {...}, "suggested": {...}, "ignored": {...}}``: ``applied`` every run uses
+        unless its settings say otherwise (the repetition penalty); ``suggested`` the model's sampling
+        defaults, for the page to offer (runs stay greedy unless asked); ``ignored`` settings the
+        model sets that the engine does not implement."""
+        return model_generation_settings(self.target.model)
+
+    def _check_run(self, prompt_ids, specs, settings, cancel=None
+                   ) -> tuple[list[int], list[Drafter], GenerationSettings]:
+        """Everything a run checks before its first step; returns the ids, fresh drafters and the
+        settings with the model's defaults filled in."""
+        if cancel is not None and not callable(getattr(cancel, "is_set", None)):
+            raise TypeError(f"cancel must be a threading.Event (or None), got {type(cancel).__name__}")
+        settings = self.resolve_settings(settings)
         if isinstance(specs, (str, MethodSpec)) or not isinstance(specs, (list, tuple)):
             raise TypeError("specs must be a list of MethodSpec")
         if not specs:
@@ -336,7 +393,7 @@ class Engine:
         if len(prompt_ids) + settings.max_new_tokens > ctx:
             raise ValueError(f"the prompt is {len(prompt_ids)} tokens; with max_new_tokens={settings.max_new_tokens} "
                              f"it exceeds the model's context of {ctx} tokens")
-        return prompt_ids, [self.make_drafter(s) for s in specs]
+        return prompt_ids, [self.make_drafter(s) for s in specs], settings
 
     def run_one(self, prompt_ids, spec: MethodSpec, settings: GenerationSettings,
                 cancel: threading.Event | None = None) -> Iterator[StepEvent]:
@@ -345,7 +402,7 @@ class Engine:
         Raises:
             TypeError, ValueError: as :meth:`run`; raised at the call, before any step runs.
         """
-        prompt_ids, (drafter,) = self._check_run(prompt_ids, [spec], settings)
+        prompt_ids, (drafter,), settings = self._check_run(prompt_ids, [spec], settings, cancel)
         return self._steps(prompt_ids, spec.name, drafter, settings, cancel)
 
     def _steps(self, prompt_ids: list[int], method: str, drafter: Drafter, settings: GenerationSettings,
@@ -380,9 +437,10 @@ class Engine:
                 empty prompt, a token id outside the vocabulary, or a prompt that does not fit
                 the context; raised at the call, before any step runs.
             TypeError: ``prompt_ids`` is not a sequence of integer ids (e.g. text), ``specs``
-                not a list of :class:`MethodSpec`, ``settings`` not :class:`GenerationSettings`.
+                not a list of :class:`MethodSpec`, ``settings`` not :class:`GenerationSettings`,
+                ``cancel`` not an event.
         """
-        prompt_ids, drafters = self._check_run(prompt_ids, specs, settings)
+        prompt_ids, drafters, settings = self._check_run(prompt_ids, specs, settings, cancel)
         streams = [self._steps(prompt_ids, s.name, d, settings, cancel) for s, d in zip(specs, drafters)]
         return self._round_robin(streams)
 

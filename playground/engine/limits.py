@@ -148,6 +148,13 @@ TEMPERATURE_KNOB = Knob("temperature", "Temperature", 0.0, MAX_TEMPERATURE, 0.0,
 TOP_P_KNOB = Knob("top_p", "Top-p", 0.01, 1.0, 1.0, step=0.01, integer=False,
                   info="Nucleus sampling: keep the smallest set of tokens with this much probability.")
 TOP_K_KNOB = Knob("top_k", "Top-k", 0, MAX_TOP_K, 0, info="Keep the k most likely tokens; 0 = off.")
+MAX_REPETITION_PENALTY = 3.0
+"""Largest repetition penalty (1.0 = off; published generation configs use 1.0 to 1.3)."""
+REPETITION_PENALTY_KNOB = Knob("repetition_penalty", "Repetition penalty", 0.5, MAX_REPETITION_PENALTY, 1.0,
+                               step=0.05, integer=False,
+                               info="Every token already in the prompt or the output has its logit divided by this "
+                                    "(multiplied when negative) before sampling; 1 = off. Unset: the model's own "
+                                    "default.")
 SEED_KNOB = Knob("seed", "Seed", 0, 2**31 - 1, 0, info="Seed of the sampling generator.")
 
 # Method knobs ---------------------------------------------------------------
@@ -166,11 +173,18 @@ LOOKAHEAD_GUESS_KNOB = Knob("guess_set_size", "Guess set size G", 1, MAX_LOOKAHE
                             info="Lookahead: at most G n-grams per key token, all verified in one pass.")
 LOOKAHEAD_KNOBS = (LOOKAHEAD_WINDOW_KNOB, LOOKAHEAD_NGRAM_KNOB, LOOKAHEAD_GUESS_KNOB)
 
-POSTERIOR_THRESHOLD_KNOB = Knob("posterior_threshold", "Posterior threshold", 0.0, 1.0, 0.09, step=0.01,
-                                integer=False, info="Medusa typical acceptance: accept x when p(x) > "
-                                "min(threshold, alpha * exp(-entropy)).")
-POSTERIOR_ALPHA_KNOB = Knob("posterior_alpha", "Posterior alpha", 0.0, 1.0, 0.3, step=0.01, integer=False,
-                            info="Medusa typical acceptance: scales exp(-entropy) of the target's distribution.")
+MIN_POSTERIOR = 0.01
+"""Smallest typical-acceptance threshold and alpha: at 0 every candidate would be accepted (p(x) > 0),
+whatever the target thinks of it."""
+POSTERIOR_THRESHOLD_KNOB = Knob("posterior_threshold", "Posterior threshold", MIN_POSTERIOR, 1.0, 0.09, step=0.01,
+                                integer=False, info="Medusa typical acceptance: a drafted token x is accepted when "
+                                "the target gives it probability p(x) > min(threshold, alpha * exp(-entropy)). "
+                                "Higher is stricter (closer to the target's own choice); lower accepts more, "
+                                "less likely tokens.")
+POSTERIOR_ALPHA_KNOB = Knob("posterior_alpha", "Posterior alpha", MIN_POSTERIOR, 1.0, 0.3, step=0.01, integer=False,
+                            info="Medusa typical acceptance: scales exp(-entropy) of the target's distribution, so "
+                                 "where the target is unsure (high entropy) less probable tokens pass. Lower "
+                                 "accepts more.")
 
 DRAFT_CONFIDENCE_KNOB = Knob("confidence", "Confidence threshold", 0.0, 1.0, 0.0, step=0.05, integer=False,
                              info="Dynamic draft length: stop drafting when the draft's top next-token probability "

@@ -46,6 +46,9 @@ MEASUREMENTS_FILE = Path(__file__).resolve().parents[2] / "assets" / "measuremen
 records feed :data:`FALLBACK`."""
 
 DEFAULT_MEASURE_SIZES = (1, 2, 3, 5, 9, 17)
+VERIFY_COST_SIZES = (1, 2, 3, 4, 5, 8, 9, 12, 16, 17, 24, 32, 48, 65)
+"""Pass sizes of the engine's one kept verify-cost curve (``Engine.verify_cost()``): K + 1 for the
+draft model's K, and up to EAGLE's largest tree (64 nodes) plus its root."""
 """Token counts timed by :func:`measure_verify_cost` by default (K + 1 for K = 1, 2, 4, 8, 16)."""
 
 

@@ -166,6 +166,11 @@ class TypicalAcceptance:
     posterior_threshold: float = POSTERIOR_THRESHOLD_KNOB.default
     posterior_alpha: float = POSTERIOR_ALPHA_KNOB.default
 
+    def __post_init__(self):
+        """Raises ``ValueError`` for a threshold or alpha outside their knobs' bounds (both > 0)."""
+        object.__setattr__(self, "posterior_threshold", POSTERIOR_THRESHOLD_KNOB.check(self.posterior_threshold))
+        object.__setattr__(self, "posterior_alpha", POSTERIOR_ALPHA_KNOB.check(self.posterior_alpha))
+
     def thresholds(self, target_probs: torch.Tensor) -> torch.Tensor:
         """``(rows,)`` acceptance thresholds for ``target_probs`` ``(rows, vocab_size)``."""
         p = target_probs.float()

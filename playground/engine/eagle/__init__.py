@@ -17,20 +17,7 @@ from .drafter import EagleDrafter, depth_source
 from .head import EagleHead
 
 __all__ = ["EagleHead", "EagleDrafter", "EagleLoadError", "load_eagle", "read_eagle", "save_eagle", "eagle_spec",
-           "DEFAULT_EAGLE_DIR", "depth_source", "verify_cost_for", "head_spec", "eagle_head_config"]
-
-_COSTS: dict[int, object] = {}
-
-
-def verify_cost_for(target_lm):
-    """This device's verify-cost curve for ``target_lm`` (measured once per target, then reused)."""
-    key = id(target_lm)
-    if key not in _COSTS:
-        from ..theory import measure_verify_cost
-        sizes = (1, 2, 4, 8, 12, 16, 24, 32, 48, MAX_EAGLE_TOTAL_TOKENS + 1)
-        _COSTS[key] = measure_verify_cost(target_lm, sizes, repeats=3).monotone()
-    return _COSTS[key]
-
+           "DEFAULT_EAGLE_DIR", "depth_source", "head_spec", "eagle_head_config"]
 
 def _build(engine, params: dict) -> EagleDrafter:
     if getattr(engine, "eagle", None) is None:
@@ -38,9 +25,7 @@ def _build(engine, params: dict) -> EagleDrafter:
                          "assets/eagle/default)")
     cost = None
     if params.get("total_tokens", "auto") == "auto":
-        persistent = getattr(engine, "persistent", None)
-        cost = (persistent("eagle_verify_cost", lambda: verify_cost_for(engine.target_lm)) if persistent
-                else verify_cost_for(engine.target_lm))
+        cost = engine.verify_cost().monotone()  # the engine's one curve, measured once under its lock
     return EagleDrafter(engine.eagle, verify_cost=cost, max_total=MAX_EAGLE_TOTAL_TOKENS, **params)
 
 
