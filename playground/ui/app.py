@@ -28,12 +28,12 @@ import gradio as gr
 from playground.engine import BASELINE, METHODS, Engine, MethodSpec, RunOutput, source_labels
 from playground.engine import check_lossless, is_lossless
 from playground.engine import GenerationSettings
-from playground.engine import GENERATION_KNOBS, MAX_MEDUSA_HEADS
+from playground.engine import GENERATION_KNOBS, MAX_MEDUSA_HEADS, REPETITION_PENALTY_KNOB
 from playground.engine import head_source
 
 from . import advisor_tab, bench_tab, charts, history, insight, medusa_panel, models_tab, render, step_inspector
 from . import theory_tab, worker
-from .inputs import STOP_INPUT, _parse, input_names, run_arguments, stop_lines  # noqa: F401 (API)
+from .inputs import STOP_INPUT, _parse, input_names, model_settings_note, run_arguments, stop_lines  # noqa: F401
 from .knobs import knob_input
 from .run_control import StopSignals
 
@@ -363,6 +363,10 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
                             gen.append(gr.Textbox(label="Stop strings", lines=2, elem_id="gen-stop",
                                                   placeholder="one per line, e.g. ###",
                                                   info="Each output ends at the first of these texts (kept)."))
+                            model_gen = engine.generation_defaults()
+                            gen.append(knob_input(REPETITION_PENALTY_KNOB, "gen-repetition_penalty",
+                                                  value=model_gen["applied"].get("repetition_penalty", 1.0)))
+                            gr.Markdown(model_settings_note(model_gen), elem_id="gen-from-model")
 
                 gr.HTML(render.legend_html(sources, source_labels()), elem_id="legend")
                 panel_cols, panel_outputs = {}, []

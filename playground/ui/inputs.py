@@ -6,7 +6,8 @@ Every value is checked here, before any work, with the page's own labels in the 
 
 from __future__ import annotations
 
-from playground.engine import GENERATION_KNOBS, METHODS, GenerationSettings, MethodSpec, SamplingConfig
+from playground.engine import GENERATION_KNOBS, METHODS, REPETITION_PENALTY_KNOB, GenerationSettings, MethodSpec
+from playground.engine import SamplingConfig
 
 from .knobs import page_check
 
@@ -16,15 +17,18 @@ def input_names() -> list[str]:
 
     ``prompt``; ``use_<method>`` per method; ``<method>_<knob>`` per method knob;
     then the generation settings (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``),
-    then ``stop_strings`` (text, one stop string per line).
+    then ``stop_strings`` (text, one stop string per line), then ``repetition_penalty`` (None:
+    the model's own value).
     """
     names = ["prompt"] + [f"use_{m}" for m in METHODS]
     names += [f"{m}_{k.name}" for m, info in METHODS.items() for k in info.knobs]
-    return names + [k.name for k in GENERATION_KNOBS] + [STOP_INPUT]
+    return names + [k.name for k in GENERATION_KNOBS] + [STOP_INPUT, PENALTY_INPUT]
 
 
 STOP_INPUT = "stop_strings"
 """The page's stop-strings field: one stop string per line."""
+PENALTY_INPUT = REPETITION_PENALTY_KNOB.name
+"""The page's repetition-penalty slider (it starts at the model's own value; None in the API: the model's)."""
 
 
 def stop_lines(text) -> tuple[str, ...]:
@@ -44,7 +48,8 @@ def run_arguments(prompt: str, methods: list[str], params: dict[str, dict] | Non
         methods: names of the methods to tick.
         params: method -> {knob: value}; missing knobs take their defaults.
         generation: ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``
-            (defaults from :data:`GENERATION_KNOBS`), and ``stop_strings`` (a list, or lines of text).
+            (defaults from :data:`GENERATION_KNOBS`), ``stop_strings`` (a list, or lines of text)
+            and ``repetition_penalty`` (default None: the model's own value).
 
     Example::
 
@@ -52,14 +57,14 @@ def run_arguments(prompt: str, methods: list[str], params: dict[str, dict] | Non
                       api_name="/run")
     """
     params = params or {}
-    unknown = set(generation) - {k.name for k in GENERATION_KNOBS} - {STOP_INPUT}
+    unknown = set(generation) - {k.name for k in GENERATION_KNOBS} - {STOP_INPUT, PENALTY_INPUT}
     if unknown:
         raise TypeError(f"unknown generation settings {sorted(unknown)}")
     args: list = [prompt] + [m in methods for m in METHODS]
     args += [params.get(m, {}).get(k.name, k.default) for m, info in METHODS.items() for k in info.knobs]
     stops = generation.get(STOP_INPUT, "")
     return args + [generation.get(k.name, k.default) for k in GENERATION_KNOBS] + \
-        ["\n".join(stops) if isinstance(stops, (list, tuple)) else stops]
+        ["\n".join(stops) if isinstance(stops, (list, tuple)) else stops, generation.get(PENALTY_INPUT)]
 
 
 def _parse(values: tuple) -> tuple[str, list[MethodSpec], GenerationSettings]:
@@ -87,8 +92,33 @@ def _parse(values: tuple) -> tuple[str, list[MethodSpec], GenerationSettings]:
         specs.append(spec)
     gen = {k.name: page_check(k, k.label, v[k.name]) for k in GENERATION_KNOBS}
     sampling = SamplingConfig(gen["temperature"], gen["top_p"], gen["top_k"], gen["seed"])
+    penalty = v[PENALTY_INPUT]
+    penalty = None if penalty is None else page_check(REPETITION_PENALTY_KNOB, REPETITION_PENALTY_KNOB.label, penalty)
     try:
-        settings = GenerationSettings(gen["max_new_tokens"], sampling, stop_strings=stop_lines(v[STOP_INPUT]))
+        settings = GenerationSettings(gen["max_new_tokens"], sampling, stop_strings=stop_lines(v[STOP_INPUT]),
+                                      repetition_penalty=penalty)
     except (ValueError, TypeError) as e:
         raise ValueError(f"Stop strings: {e}") from None
     return str(v["prompt"] or ""), specs, settings
+
+
+def model_settings_note(defaults: dict) -> str:
+    """One Markdown line saying which generation settings come from the model's own configuration.
+
+    Args:
+        defaults: :meth:`Engine.generation_defaults` (``applied``, ``suggested``, ``ignored``).
+    """
+    def listed(d: dict) -> str:
+        return ", ".join(f"{k.replace('_', ' ')} {v:g}" if isinstance(v, float) else f"{k.replace('_', ' ')} {v}"
+                         for k, v in d.items())
+
+    parts = []
+    if defaults.get("applied"):
+        parts.append(f"applied to every run unless changed here: {listed(defaults['applied'])}")
+    if defaults.get("suggested"):
+        parts.append(f"suggested for sampling (set a temperature to use them): {listed(defaults['suggested'])}")
+    if defaults.get("ignored"):
+        parts.append(f"not supported here, so not applied: {listed(defaults['ignored'])}")
+    if not parts:
+        return "The model's own configuration sets no generation settings: the values here are all that apply."
+    return "From the model's own configuration: " + "; ".join(parts) + "."

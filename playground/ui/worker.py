@@ -68,7 +68,8 @@ def settings_dict(settings: GenerationSettings) -> dict:
     """Generation settings as a plain dict (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``)."""
     s = settings.sampling
     return {"max_new_tokens": settings.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
-            "top_k": s.top_k, "seed": s.seed, "stop_strings": list(settings.stop_strings)}
+            "top_k": s.top_k, "seed": s.seed, "stop_strings": list(settings.stop_strings),
+            "repetition_penalty": settings.repetition_penalty}
 
 
 def _specs(specs: list[dict]) -> list[MethodSpec]:
@@ -78,7 +79,8 @@ def _specs(specs: list[dict]) -> list[MethodSpec]:
 def _settings(d: dict) -> GenerationSettings:
     return GenerationSettings(d["max_new_tokens"], SamplingConfig(d.get("temperature", 0.0), d.get("top_p", 1.0),
                                                                   d.get("top_k", 0), d.get("seed", 0)),
-                              stop_strings=tuple(d.get("stop_strings") or ()))
+                              stop_strings=tuple(d.get("stop_strings") or ()),
+                              repetition_penalty=d.get("repetition_penalty"))
 
 
 def event_dict(event) -> dict:
