@@ -178,8 +178,9 @@ DRAFT_CONFIDENCE_KNOB = Knob("confidence", "Confidence threshold", 0.0, 1.0, 0.0
                                   "more than one (CPUs), unconfident steps then cost a plain decoding step.")
 DRAFT_PROPOSER_KNOB = ChoiceKnob(
     "proposer", "Proposer", ("model", "medusa_heads"), "model",
-    info="model: the draft model drafts K tokens, one forward pass each. medusa_heads: the draft's next token "
-         "plus its Medusa heads' tokens, from one draft forward pass (needs heads for the draft).")
+    info="Draft model: the draft model drafts K tokens, one forward pass each. Medusa heads on the draft: the "
+         "draft's next token plus its Medusa heads' tokens, from one draft forward pass (needs heads trained on "
+         "the draft).")
 MEDUSA_ACCEPTANCE_KNOB = ChoiceKnob(
     "acceptance", "Acceptance", ("exact", "typical"), "exact",
     info="exact: the target's own rule (greedy argmax match, or speculative sampling): lossless. "

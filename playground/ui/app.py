@@ -32,7 +32,7 @@ from playground.engine import GENERATION_KNOBS, MAX_MEDUSA_HEADS
 from playground.engine import head_source
 from playground.engine import SamplingConfig
 
-from . import advisor_tab, bench_tab, charts, insight, medusa_panel, render, theory_tab, worker
+from . import advisor_tab, bench_tab, charts, guide, insight, medusa_panel, render, theory_tab, wording, worker
 from .knobs import knob_input
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def launch_options() -> dict[str, Any]:
     """
     theme = gr.themes.Default(primary_hue="blue", font=["ui-sans-serif", "system-ui", "sans-serif"],
                               font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
-    return {"theme": theme, "css": PAGE_CSS}
+    return {"theme": theme, "css": PAGE_CSS + guide.GUIDE_CSS}
 
 
 def load_examples(path: Path = EXAMPLES_PATH) -> list[dict]:
@@ -172,6 +172,7 @@ class _RunView:
         self.greedy = settings.sampling.greedy
         self.outputs = {s.name: RunOutput(s.name, s.params) for s in specs}
         self.reasons: dict[str, str | None] = {m: None for m in self.chosen}
+        self.checks: dict[str, str] = {}  # method -> "match" / "near_tie" / "mismatch" once compared
         self.stats: dict[str, dict] = {}
         self.timelines: dict[str, list[tuple[float, int]]] = {}
         self.per_step: dict[str, list[int]] = {m: [] for m in self.chosen}  # tokens emitted by each step
@@ -235,7 +236,7 @@ class _RunView:
             return render.badge("info", "the run was stopped early: no check")
         b = self.outputs[BASELINE]
         check = check_lossless(b.ids, b.margins, self.outputs[m].ids, self.engine.target.dtype)
-        kind = "match" if check.matched else "near_tie" if check.near_tie else "mismatch"
+        kind = self.checks[m] = "match" if check.matched else "near_tie" if check.near_tie else "mismatch"
         return render.badge(kind, check.message())
 
     def refresh_figures(self) -> None:
@@ -248,12 +249,13 @@ class _RunView:
     def summary(self) -> dict:
         """The run as plain data for the insight charts and the Theory tab: ``{"target", "dtype",
         "baseline_tokens_per_s", "methods": {method: {"label", "params", "stats" (RunStats.as_dict),
-        "tokens_per_step": [int, ...]}}}``."""
+        "tokens_per_step": [int, ...], "lossless", "finish_reason"}}, "greedy"}``."""
         base = self.stats.get(BASELINE, {}).get("tokens_per_s") if BASELINE in self.chosen else None
         return {"target": self.engine.target.name, "dtype": str(self.engine.target.dtype).removeprefix("torch."),
-                "baseline_tokens_per_s": base or None,
+                "baseline_tokens_per_s": base or None, "greedy": self.greedy,
                 "methods": {m: {"label": METHODS[m].label, "params": self.outputs[m].params,
-                                "stats": self.stats.get(m, {}), "tokens_per_step": list(self.per_step[m])}
+                                "stats": self.stats.get(m, {}), "tokens_per_step": list(self.per_step[m]),
+                                "lossless": self.checks.get(m), "finish_reason": self.reasons[m]}
                             for m in self.chosen}}
 
     def values(self, final: bool = False) -> tuple:
@@ -326,6 +328,7 @@ def run_comparison(engine: Engine, *values, stream=None) -> Iterator[tuple]:
         view.status = render.status_html(
             "done", f"Done in {time.perf_counter() - start:.1f} s (methods run side by side, one step each "
                     "in turn; each method's speed counts only its own steps).")
+        view.status += guide.verdict_html(view.summary())  # "Fastest: ..., 1.24× the baseline, ..."
         view.refresh_figures()
         yield view.values(final=True)
     except ValueError as e:  # the engine's checks before the first step
@@ -384,7 +387,7 @@ def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
                         gr.Markdown("### Methods")
                         use, knobs = {}, []
                         for m, info in METHODS.items():
-                            reason = engine.unavailable_reason(m)
+                            reason = wording.unavailable_text(engine, m)
                             use[m] = gr.Checkbox(value=available[m], label=info.label, info=info.description,
                                                  interactive=available[m], elem_id=f"use-{m}")
                             if reason:
@@ -406,7 +409,8 @@ def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
                                                   placeholder="one per line, e.g. ###",
                                                   info="Each output ends at the first of these texts (kept)."))
 
-                gr.HTML(render.legend_html(sources, source_labels()), elem_id="legend")
+                gr.HTML(render.legend_html(sources, source_labels()) + guide.reading_guide_html(sources, source_labels()),
+                        elem_id="legend")
                 panel_cols, panel_outputs = {}, []
                 with gr.Row(equal_height=False, elem_id="method-panels"):
                     for m, info in METHODS.items():
@@ -442,7 +446,7 @@ def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
             with gr.Tab("Theory", id="theory", elem_id="tab-theory") as theory:
                 theory_tab.build(engine, last_run, theory)
             with gr.Tab("Advisor", id="advisor", elem_id="tab-advisor"):
-                advisor_tab.build(engine, use, dict(zip(_knob_keys(), knobs)))
+                advisor_tab.build(engine, use, dict(zip(_knob_keys(), knobs)), last_run)
             if vllm is not None:  # a vllm_panel.VLLMSession (app.py --vllm / --vllm-url)
                 from . import vllm_panel
                 with gr.Tab("vLLM", id="vllm", elem_id="tab-vllm"):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import gradio as gr
 from gradio.components.number import Number
 
+from .wording import choice_pairs
+
 NUMBER_BOX_RANGE = 10_000
 """Knobs with a wider range than this get a number box instead of a slider (the seed)."""
 
@@ -63,7 +65,7 @@ def knob_input(knob, elem_id: str, interactive: bool = True, value=None, label: 
     value = knob.default if value is None else value
     label = knob.label if label is None else label
     if not hasattr(knob, "maximum"):  # a setting chosen by name (ChoiceKnob): a dropdown
-        return gr.Dropdown(list(knob.choices), value=value, label=label, info=knob.info,
+        return gr.Dropdown(choice_pairs(knob), value=value, label=label, info=knob.info,
                            elem_id=elem_id, interactive=interactive,
                            allow_custom_value=getattr(knob, "parse", None) is not None)
     if knob.maximum - knob.minimum > NUMBER_BOX_RANGE:
