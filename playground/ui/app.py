@@ -53,11 +53,12 @@ PAGE_CSS = """
 .method-panel .panel-title p { margin: 0; font-size: 1.05em; }
 .stats-line p { margin: 2px 0; font-size: 0.92em; }
 .unavailable-reason p { font-size: 0.9em; color: var(--body-text-color-subdued); margin: 0 0 6px 0; }
-#method-panels { display: grid; grid-template-columns: repeat(auto-fit, minmax(220px, 1fr)); align-items: start; }
+#method-panels { display: grid; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); align-items: start; }
 #method-panels > .method-panel { min-width: 0; }
 """
-"""Page CSS. ``#method-panels`` lays the method panels out as a grid of equal columns: as many
-as fit, wrapping ones keep the same width (a wrapped flex row would stretch a lone last panel)."""
+"""Page CSS. ``#method-panels`` lays the method panels out as a grid of equal columns, at least 300 px
+(about 34 characters of code): as many as fit, so few chosen methods get wide panels; wrapping
+ones keep the same width (a wrapped flex row would stretch a lone last panel)."""
 
 
 def launch_options() -> dict[str, Any]:
@@ -415,7 +416,7 @@ def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
                 with gr.Row(equal_height=False, elem_id="method-panels"):
                     for m, info in METHODS.items():
                         with gr.Column(visible=bool(use[m].value), elem_classes=["method-panel"],
-                                       elem_id=f"col-{m}", min_width=220) as col:
+                                       elem_id=f"col-{m}", min_width=300) as col:
                             gr.Markdown(f"**{info.label}**", elem_classes=["panel-title"])
                             # The value only grows during a run (spans appended), so it streams as diffs;
                             # the wrapper and its CSS live in the template.

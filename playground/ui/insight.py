@@ -33,7 +33,7 @@ def verify_cost_for(engine_key: str) -> theory.VerifyCost:
 
 
 def _colors() -> dict[str, str]:
-    return {info.label: charts.METHOD_COLORS[i % len(charts.METHOD_COLORS)] for i, info in enumerate(METHODS.values())}
+    return {info.label: charts.method_color(m) for m, info in METHODS.items()}
 
 
 # ----- per-run charts ------------------------------------------------------------------------

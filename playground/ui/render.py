@@ -39,14 +39,17 @@ TOKEN_TEXT_COLOR = "#111827"
 
 TOKENS_CSS = """
 .tokens { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 14px;
-          line-height: 1.7; white-space: pre-wrap; overflow-wrap: anywhere; min-height: 9em;
+          line-height: 1.7; white-space: pre-wrap; overflow-wrap: normal; word-break: normal; overflow-x: auto;
+          min-height: 9em;
           padding: 8px 10px; border: 1px solid var(--border-color-primary, #e5e7eb);
           border-radius: 8px; background: var(--background-fill-primary, #fff);
           color: var(--body-text-color, #111827); }
 .tokens .tok { border-radius: 3px; padding: 1px 0; color: #111827; }
 .tokens .placeholder { color: var(--body-text-color-subdued, #6b7280); font-style: italic; }
 """
-"""CSS of the token panels (scoped to the panel by ``gr.HTML(css_template=...)``)."""
+"""CSS of the token panels (scoped to the panel by ``gr.HTML(css_template=...)``). Lines wrap at spaces only,
+never inside a word or identifier (``pre-wrap`` keeps indentation); a longer unbroken run of text
+scrolls sideways inside the panel."""
 
 
 def source_color(source: str) -> str:
