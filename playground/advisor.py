@@ -285,20 +285,27 @@ def _spec_bench_notes(s: Situation, methods: list[str]) -> list[str]:
         some = next(iter(figs.values()))
         setup = setup or some
         parts.append(f"On {some['machine']}: " + ", ".join(
-            f"{names.get(m, m)} {_describe(m, f)}" for m, f in figs.items()))
+            f"{_name(names, m)} {_describe(m, f)}" for m, f in figs.items()))
         lossless &= all(f.get("lossless") for f in figs.values())
     if not parts:
         return []
-    head = (f"Spec-Bench, the embedded default model, {setup['questions']}, greedy, {setup['dtype']}, "
+    questions = str(setup["questions"]).replace("_", " ")  # category names in words (math reasoning)
+    head = (f"Spec-Bench, the embedded default model, {questions}, greedy, {setup['dtype']}, "
             f"{setup['threads']} threads (the project's measurements)")
     notes = [f"{head}. " + ". ".join(parts) + "." + (" All lossless." if lossless else "")]
     figs = {m: f for m, f in MEASURED.get(s.cpu_isa, {}).items() if m in methods}
     if figs:
         best = max(figs, key=lambda m: figs[m]["speedup"])
         what = "AVX-512" if s.cpu_isa == "avx512" else "AVX2 but no AVX-512"
-        notes.append(f"This CPU has {what}, like {figs[best]['machine']}, where {names.get(best, best)} measured "
+        notes.append(f"This CPU has {what}, like {figs[best]['machine']}, where {_name(names, best)} measured "
                      f"fastest ({figs[best]['speedup']:.2f}x).")
     return notes
+
+
+def _name(names: dict[str, str], method: str) -> str:
+    """A method in a sentence: its entry in ``names``, else its label in lower case (``suffix decoding``)."""
+    label = METHODS[method].label if method in METHODS else method.replace("_", " ")
+    return names.get(method) or (label[0].lower() + label[1:] if label[1:2].islower() else label)
 
 
 def _cpu_notes(s: Situation, primary: str, methods: list[str], k: int | None, params: dict,
@@ -327,7 +334,7 @@ def _cpu_notes(s: Situation, primary: str, methods: list[str], k: int | None, pa
                                                     if "prompt_lookup" in f), None)
     if not small and pl and (primary in ("lookahead", "prompt_lookup") or "prompt_lookup" in methods):
         notes.append(f"Measured on {pl['machine']} with the embedded default model: prompt lookup gave "
-                     f"{_describe('prompt_lookup', pl)} on {pl['questions']}; it costs nothing to draft, so it "
+                     f"{_describe('prompt_lookup', pl)} on {str(pl['questions']).replace('_', ' ')}; it costs nothing to draft, so it "
                      "is the safe pick on a CPU.")
     return notes
 

@@ -208,7 +208,7 @@ def _total_tokens(value) -> int:
 EAGLE_DEPTH_KNOB = Knob("depth", "Tree depth", 1, MAX_EAGLE_DEPTH, 4,
                         info="EAGLE: draft levels per step (the deepest token a step can accept, plus the bonus).")
 EAGLE_TOP_K_KNOB = Knob("top_k", "Children per node", 1, MAX_EAGLE_TOP_K, 4,
-                        info="EAGLE-2: the top_k best nodes of each level are expanded with their top_k children.")
+                        info="EAGLE-2: the k best nodes of each level are expanded with their k best children each.")
 EAGLE_TOTAL_TOKENS_KNOB = ChoiceKnob(
     "total_tokens", "Tree nodes verified", ("auto",), "auto", parse=_total_tokens,
     custom_label=f"an integer in [1, {MAX_EAGLE_TOTAL_TOKENS}]",
