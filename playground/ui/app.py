@@ -410,8 +410,7 @@ def build_demo(engine: Engine, vllm=None) -> gr.Blocks:
                                                   placeholder="one per line, e.g. ###",
                                                   info="Each output ends at the first of these texts (kept)."))
 
-                gr.HTML(render.legend_html(sources, source_labels()) + guide.reading_guide_html(sources, source_labels()),
-                        elem_id="legend")
+                gr.HTML(guide.legend_with_guide_html(sources, source_labels()), elem_id="legend")
                 panel_cols, panel_outputs = {}, []
                 with gr.Row(equal_height=False, elem_id="method-panels"):
                     for m, info in METHODS.items():

@@ -60,6 +60,12 @@ def reading_guide_html(sources: Iterable[str], labels: Mapping[str, str]) -> str
             "<p>When a run ends, the line under Run names the fastest method.</p></div></details>")
 
 
+def legend_with_guide_html(sources: Iterable[str], labels: Mapping[str, str]) -> str:
+    """The page's legend (``render.legend_html``) with the guide right under it."""
+    sources = list(sources)
+    return render.legend_html(sources, labels) + reading_guide_html(sources, labels)
+
+
 GUIDE_CSS = """
 .reading-guide { font-size: 14px; margin: 2px 0 6px 0; }
 .reading-guide summary { cursor: pointer; font-weight: 600; }
