@@ -69,7 +69,7 @@ def test_reading_guide_explains_each_term_and_colour():
     assert out.startswith('<details id="reading-guide"') and "<summary>How to read this</summary>" in out
     for term in ("τ (tau)", "α (alpha)", "TTFT", "speedup", "tok/s", "bonus token included", "token for token"):
         assert term in out, term
-    assert out.count('class="guide-swatch"') == 3 and render.source_color("prompt_lookup") in out
+    assert out.count('class="guide-swatch"') == 2 and render.source_color("target") in out  # the rest: the legend
 
 
 def test_drafter_counts_read_as_words_in_the_right_number():

@@ -28,7 +28,7 @@ GUIDE_TERMS: tuple[tuple[str, str], ...] = (
 )
 """The stats line's terms and what each means, in the order the stats line shows them."""
 
-LOSSLESS_TEXT = ("The lossless check compares each method's output with the baseline's, token for token, under "
+LOSSLESS_TEXT = ("It compares each method's output with the baseline's, token for token, under "
                  "greedy decoding (temperature 0): a lossless method must produce exactly the baseline's text. "
                  "“Near tie” means the first difference is where the target's two best tokens were almost equally "
                  "likely, so rounding in reduced precision can pick either: not a bug. Under sampling, and for "
@@ -36,8 +36,8 @@ LOSSLESS_TEXT = ("The lossless check compares each method's output with the base
 
 COLOUR_TEXT = ("Each token's background says where it came from. Pale blue: the target model's own token, the one "
                "every step adds (after the accepted guesses, or in place of the first rejected one). Any other "
-               "colour: a guess by that method's drafter that the target checked and accepted. Hover a token to "
-               "see its source.")
+               "colour: a guess by a drafter (named in the legend above) that the target checked and accepted. "
+               "Hover a token to see its source.")
 
 
 def reading_guide_html(sources: Iterable[str], labels: Mapping[str, str]) -> str:
@@ -48,9 +48,10 @@ def reading_guide_html(sources: Iterable[str], labels: Mapping[str, str]) -> str
         sources: token sources the legend lists (e.g. ``legend_sources(engine)``).
         labels: source -> legend text (``source_labels()``).
     """
-    swatches = "".join(
+    sources = list(dict.fromkeys(sources))
+    swatches = "".join(  # the target's colour and one drafter's, as examples; the legend lists them all
         f'<li><span class="guide-swatch" style="background:{render.source_color(s)}"></span>'
-        f"{html.escape(render.source_label(s, labels))}</li>" for s in dict.fromkeys(sources))
+        f"{html.escape(render.source_label(s, labels))}</li>" for s in sources[:2])
     terms = "".join(f"<dt>{html.escape(t)}</dt><dd>{html.escape(d)}</dd>" for t, d in GUIDE_TERMS)
     return ('<details id="reading-guide" class="reading-guide"><summary>How to read this</summary>'
             '<div class="guide-body">'
@@ -70,7 +71,7 @@ GUIDE_CSS = """
 .reading-guide { font-size: 14px; margin: 2px 0 6px 0; }
 .reading-guide summary { cursor: pointer; font-weight: 600; }
 .reading-guide .guide-body { max-width: 980px; padding: 4px 4px 0 18px; }
-.reading-guide ul.guide-colours { columns: 3 14em; list-style: none; padding: 0; margin: 4px 0; }
+.reading-guide ul.guide-colours { list-style: none; padding: 0; margin: 4px 0; display: flex; gap: 18px; }
 .reading-guide .guide-swatch { display: inline-block; width: 12px; height: 12px; border-radius: 3px;
                                border: 1px solid #9ca3af; margin-right: 6px; vertical-align: -1px; }
 .reading-guide dl.guide-terms { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px; margin: 4px 0; }
