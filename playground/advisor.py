@@ -21,7 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from playground.engine import K_PRESETS, LOOKAHEAD_PRESETS, MAX_SPECULATIVE_TOKENS, theory
-from playground.measure import load as load_measurements
+from playground.engine import AUTO_TREE, METHODS
+from playground.advisor_figures import MEASURED, DraftMeasurement, measure_draft, measured_speedups  # noqa: F401
+from playground.advisor_figures import describe_figure as _describe, fallback_verify_record, figure as _fig
 
 # ----- measured figures ------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -33,53 +35,6 @@ class Rule:
     source: str
 
 
-def measured_speedups(data: dict | None = None) -> dict[str, dict[str, dict]]:
-    """CPU instruction set (``"avx2"``, ``"avx512"``) -> method -> its newest benchmark figures in the
-    measurements file (``speedup``, ``tau``, ``alpha``, ``params``, ``lossless``, plus the run's
-    ``machine`` label, ``questions``, ``command``, ``when``, ``dtype``, ``threads``)."""
-    data = load_measurements() if data is None else data
-    out: dict[str, dict[str, dict]] = {}
-    for run in data["benchmarks"]:  # newest first: the first figure of a method on an ISA wins
-        machine = data["machines"].get(run.get("machine"), {})
-        context = {k: run.get(k) for k in ("questions", "command", "when", "dtype", "threads")}
-        for method, fig in run.get("methods", {}).items():
-            out.setdefault(machine.get("isa"), {}).setdefault(
-                method, {**fig, **context, "machine": machine.get("label", run.get("machine"))})
-    return out
-
-
-def fallback_verify_record(data: dict | None = None) -> tuple[dict, str] | None:
-    """``(record, machine label)`` of the measurements file's newest CPU verify cost (``theory.FALLBACK``'s)."""
-    data = load_measurements() if data is None else data
-    for r in data["verify_cost"]:
-        if r.get("device", "cpu") == "cpu":
-            return r, data["machines"].get(r.get("machine"), {}).get("label", r.get("machine", "another machine"))
-    return None
-
-
-MEASURED = measured_speedups()
-"""The figures the advisor quotes, read once from ``assets/measurements.json``."""
-
-
-def _fig(isa: str | None, method: str) -> dict | None:
-    return MEASURED.get(isa, {}).get(method)
-
-
-def _describe(method: str, fig: dict) -> str:
-    """``"1.28x (K = 2, tau 1.42, alpha 0.215)"``: one measured figure with the settings it ran with."""
-    p = fig.get("params") or {}
-    knobs = []
-    if "k" in p:
-        knobs.append(f"K = {p['k']}")
-    if p.get("confidence"):
-        knobs.append(f"confidence {p['confidence']:g}")
-    if method == "lookahead" and "window" in p:
-        knobs.append(f"W, N, G = {p['window']}, {p['ngram_size']}, {p['guess_set_size']}")
-    knobs.append(f"tau {fig['tau']:.2f}")
-    if fig.get("alpha") is not None:
-        knobs.append(f"alpha {fig['alpha']:.3g}")
-    return f"{fig['speedup']:.2f}x ({', '.join(knobs)})"
-
 RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("no_draft_medusa", "A new deployment with no draft model: train Medusa heads on the target itself "
          "(a few hours on one GPU) and verify their tree of guesses in one pass.",
@@ -90,7 +45,7 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "draft costs too much per token; a much smaller one is rarely accepted.",
          "Leviathan et al. 2023 and Chen et al. 2023 (their pairings); project guidance for the exact ratios"),
     Rule("target_too_small", "A target too small for a 5-10x smaller draft to exist or to pay off: use Medusa or "
-         "Lookahead instead of a draft model, unless a draft made for this target is loaded (rule loaded_draft).",
+         "Lookahead instead of a draft model, unless a draft made for this target is loaded.",
          "project guidance"),
     Rule("zero_training", "No training wanted and no draft: Lookahead decoding or prompt lookup; both are "
          "lossless and need nothing but the target.", "Fu et al. 2024; Saxena 2023"),
@@ -115,6 +70,11 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "more tokens per step but output drifts further from greedy. Medusa's defaults are epsilon 0.09, alpha "
          "0.3. The advisor keeps exact acceptance (lossless), where they change nothing.",
          "Cai et al. 2024, section 2.3.1"),
+    Rule("medusa_tree", "Medusa's candidate tree: on a GPU a large tree verifies almost for free; where verifying "
+         "more tokens costs more (CPUs), a tree sized by this device's measured verify cost and the heads' "
+         "accuracy.", "Cai et al. 2024 (tree attention); project measurements"),
+    Rule("measured_run", "What the Playground tab measured on this device beats the rules: among the methods "
+         "recommended, the one that ran fastest against the baseline comes first.", "project measurements"),
 )}
 """The advisor's rules, by id."""
 
@@ -206,6 +166,9 @@ class Situation:
         medusa_loaded: Medusa heads for the target are loaded in this app.
         draft_k: the K saved with the loaded draft (its ``draft_knobs.json``), or None.
         cpu_isa: on a CPU, ``"avx512"`` or ``"avx2"`` when known (see :func:`cpu_isa`), else None.
+        draft_run: the loaded draft measured in a run on this page (:func:`measure_draft`, the draft
+            panel's figures), or None: its suggested K then replaces the presets.
+        run_speedups: method -> speedup over the baseline measured in that run (greedy), or None.
     """
 
     target_b: float
@@ -218,6 +181,8 @@ class Situation:
     medusa_loaded: bool = False
     draft_k: int | None = None
     cpu_isa: str | None = None
+    draft_run: DraftMeasurement | None = None
+    run_speedups: dict[str, float] | None = None
 
     def check(self) -> None:
         """Raises ValueError naming a bad field and what is allowed."""
@@ -320,20 +285,27 @@ def _spec_bench_notes(s: Situation, methods: list[str]) -> list[str]:
         some = next(iter(figs.values()))
         setup = setup or some
         parts.append(f"On {some['machine']}: " + ", ".join(
-            f"{names.get(m, m)} {_describe(m, f)}" for m, f in figs.items()))
+            f"{_name(names, m)} {_describe(m, f)}" for m, f in figs.items()))
         lossless &= all(f.get("lossless") for f in figs.values())
     if not parts:
         return []
-    head = (f"Spec-Bench, the embedded default model, {setup['questions']}, greedy, {setup['dtype']}, "
+    questions = str(setup["questions"]).replace("_", " ")  # category names in words (math reasoning)
+    head = (f"Spec-Bench, the embedded default model, {questions}, greedy, {setup['dtype']}, "
             f"{setup['threads']} threads (the project's measurements)")
     notes = [f"{head}. " + ". ".join(parts) + "." + (" All lossless." if lossless else "")]
     figs = {m: f for m, f in MEASURED.get(s.cpu_isa, {}).items() if m in methods}
     if figs:
         best = max(figs, key=lambda m: figs[m]["speedup"])
         what = "AVX-512" if s.cpu_isa == "avx512" else "AVX2 but no AVX-512"
-        notes.append(f"This CPU has {what}, like {figs[best]['machine']}, where {names.get(best, best)} measured "
+        notes.append(f"This CPU has {what}, like {figs[best]['machine']}, where {_name(names, best)} measured "
                      f"fastest ({figs[best]['speedup']:.2f}x).")
     return notes
+
+
+def _name(names: dict[str, str], method: str) -> str:
+    """A method in a sentence: its entry in ``names``, else its label in lower case (``suffix decoding``)."""
+    label = METHODS[method].label if method in METHODS else method.replace("_", " ")
+    return names.get(method) or (label[0].lower() + label[1:] if label[1:2].islower() else label)
 
 
 def _cpu_notes(s: Situation, primary: str, methods: list[str], k: int | None, params: dict,
@@ -362,7 +334,7 @@ def _cpu_notes(s: Situation, primary: str, methods: list[str], k: int | None, pa
                                                     if "prompt_lookup" in f), None)
     if not small and pl and (primary in ("lookahead", "prompt_lookup") or "prompt_lookup" in methods):
         notes.append(f"Measured on {pl['machine']} with the embedded default model: prompt lookup gave "
-                     f"{_describe('prompt_lookup', pl)} on {pl['questions']}; it costs nothing to draft, so it "
+                     f"{_describe('prompt_lookup', pl)} on {str(pl['questions']).replace('_', ' ')}; it costs nothing to draft, so it "
                      "is the safe pick on a CPU.")
     return notes
 
@@ -414,7 +386,7 @@ def advise(s: Situation, verify_cost=None) -> Advice:
     elif not big_enough:
         primary = "medusa" if s.willing_to_train else "lookahead"
         reasons.append(("target_too_small", f"a {s.target_b:g} B target is below {MIN_TARGET_FOR_DRAFT_B:g} B "
-                                            f"and no draft made for it is loaded: {primary} instead of a draft model"))
+                                            f"and no draft made for it is loaded: {METHODS[primary].label} instead of a draft model"))
     elif s.willing_to_train:
         primary = "medusa"
         reasons.append(("no_draft_medusa", "no draft model: train Medusa heads on the target"))
@@ -430,6 +402,15 @@ def advise(s: Situation, verify_cost=None) -> Advice:
             side = "too large (slow to run)" if ratio < DRAFT_RATIO_RANGE[0] else "very small (rarely accepted)"
             reasons.append(("draft_size", f"your draft is {ratio:.1f}x smaller: {side}; the rule suggests about "
                                           f"{want:g} B for a {s.target_b:g} B target"))
+    # 1b. A run on this page measured the loaded methods: the fastest one that beat the baseline leads.
+    ran = {m: x for m, x in (s.run_speedups or {}).items() if m in (primary, *extra)}
+    if ran and max(ran.values()) > 1.0 and max(ran, key=ran.get) != primary:
+        best = max(ran, key=ran.get)
+        extra = [primary] + [m for m in extra if m != best]
+        reasons.append(("measured_run", f"in the last run on the Playground tab {METHODS[best].label} measured "
+                                        f"{ran[best]:.2f}x the baseline, {METHODS[primary].label} "
+                                        f"{ran.get(primary, 0):.2f}x: {METHODS[best].label} first"))
+        primary = best
     methods = ["autoregressive", primary, *extra]
     # 2. Copy-heavy tasks.
     if s.task in COPY_TASKS:
@@ -443,7 +424,14 @@ def advise(s: Situation, verify_cost=None) -> Advice:
     cost = theory.FALLBACK if verify_cost is None else verify_cost
     k = None
     if "draft_model" in methods:
-        if s.draft_loaded and s.draft_k is not None:
+        if s.draft_loaded and s.draft_run is not None:  # the draft panel's K, from the same function
+            sug = s.draft_run.suggestion
+            k = sug.k
+            reasons.append(("k_defaults", f"K = {k}, the draft panel's suggestion from the last run (measured "
+                                          f"alpha {s.draft_run.alpha:.2f}, draft cost {s.draft_run.c:.3f} of a "
+                                          f"target forward: expected {sug.speedup:.2f}x); the appetite presets "
+                                          "are for drafts not measured here"))
+        elif s.draft_loaded and s.draft_k is not None:
             k = s.draft_k
             reasons.append(("k_defaults", f"K = {k} (the loaded draft's own, measured setting; the appetite "
                                           "presets are for drafts without one)"))
@@ -463,7 +451,12 @@ def advise(s: Situation, verify_cost=None) -> Advice:
         reasons.append(("lookahead_size", f"Lookahead W = {la['window']}, N = {la['ngram_size']}, "
                                           f"G = {la['guess_set_size']} ({where})"))
     # 5. Medusa keeps exact acceptance (lossless): its posterior threshold and alpha would change nothing,
-    #    so they are not listed (rule medusa_threshold explains them for typical acceptance).
+    #    so they are not listed (rule medusa_threshold explains them for typical acceptance). Its tree: with
+    #    heads loaded here, the one fitted to this device's verify cost and the heads' accuracy.
+    if "medusa" in methods and s.medusa_loaded:
+        params["medusa"] = {"tree_choices": AUTO_TREE}
+        reasons.append(("medusa_tree", "Medusa's tree: auto, the tree fitted to this device's measured verify cost "
+                                       "and the loaded heads' accuracy"))
     # 6. Where the measurements disagree.
     notes = _cpu_notes(s, primary, methods, k, params, cost) if s.device == "cpu" else []
     return Advice(primary, list(dict.fromkeys(methods)), params, reasons, notes)

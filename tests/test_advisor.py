@@ -80,7 +80,8 @@ def test_medusa_advice_lists_no_knob_that_does_nothing():
               advisor.Situation(0.135, 0.00747, device="cpu", draft_loaded=True, draft_k=2, medusa_loaded=True,
                                 cpu_isa="avx2")):
         adv = advisor.advise(s)
-        assert "medusa" in adv.methods and not adv.params.get("medusa")
+        assert "medusa" in adv.methods
+        assert not {"posterior_threshold", "posterior_alpha", "acceptance"} & set(adv.params.get("medusa", {}))
         assert "medusa_threshold" not in adv.rule_ids()
         assert not any("posterior" in text or "threshold" in text for _, text in adv.reasons)
     assert "stricter" in advisor.RULES["medusa_threshold"].guidance

@@ -409,7 +409,7 @@ def test_draft_proposer_medusa_heads_without_draft_heads(tiny_bench):
     _one_line_error(r, "--proposer medusa_heads needs Medusa heads trained on the draft model: add --draft-medusa")
     assert not r.loaded
     r = tiny_bench(["--methods", "autoregressive,draft_model"], draft_knobs={"proposer": "medusa_heads"})
-    _one_line_error(r, "draft_model cannot run: draft_model's proposer medusa_heads needs Medusa heads")
+    _one_line_error(r, "draft_model cannot run: the draft model's proposer 'Medusa heads on the draft' needs Medusa heads")
     assert r.loaded and r.forwards == 0
 
 

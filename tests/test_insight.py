@@ -374,13 +374,14 @@ def test_zerogpu_forked_path_equals_the_normal_path(real_target):
 def test_draft_panel_and_lookahead_line():
     """The draft panel states c as measured (draft s per drafted token / verify s per step = (1/40)/(2/10)
     = 0.125), converts it to single-token forwards (x verify_cost(5) = 1.5714 -> 0.196) and suggests the
-    K theory.suggest_k gives for those numbers; Lookahead's line shows 1 + W(N-1) + G(N-1)."""
+    K theory.suggest_k gives for those numbers (the advisor's K: advisor.measure_draft); Lookahead's line shows 1 + W(N-1) + G(N-1)."""
     from playground.ui import insight
 
     stats = {"alpha": 0.8, "draft_s": 1.0, "verify_s": 2.0, "proposed": 40, "steps": 11}
     md = insight.draft_panel_markdown(stats, 4, theory.FALLBACK)
-    c = 0.125 * theory.FALLBACK(5)
-    sug = theory.suggest_k(0.8, c, theory.FALLBACK)
+    cost = theory.FALLBACK.monotone()  # the draft panel, the advisor and the Theory tab use it non-decreasing
+    c = 0.125 * cost(5)
+    sug = theory.suggest_k(0.8, c, cost)
     assert "= 0.125" in md and f"{c:.3f}" in md and f"Suggested K = {sug.k}**" in md
     assert "drafting 1.00 s (33%)" in md
     assert "Nothing was drafted" in insight.draft_panel_markdown({**stats, "alpha": None, "proposed": 0}, 4,

@@ -331,8 +331,9 @@ def _build(engine, params: dict) -> Drafter:
     token_map = getattr(engine.draft, "token_map", None)
     if params.pop("proposer", DRAFT_PROPOSER_KNOB.default) == "medusa_heads":
         if engine.draft_medusa is None:
-            raise ValueError("draft_model's proposer medusa_heads needs Medusa heads trained on the draft "
-                             "model (--draft-medusa PATH_OR_HUB_ID); none are loaded")
+            raise ValueError("the draft model's proposer 'Medusa heads on the draft' needs Medusa "
+                             "heads trained on the draft model, and none are loaded: choose the proposer 'draft "
+                             "model'")
         params.pop("confidence", None)  # the heads propose in one pass: no per-token stop
         return MedusaDraftDrafter(engine.draft_lm, engine.draft_medusa, token_map=token_map, **params)
     return DraftModelDrafter(engine.draft_lm, token_map=token_map, **params)

@@ -192,8 +192,9 @@ DRAFT_CONFIDENCE_KNOB = Knob("confidence", "Confidence threshold", 0.0, 1.0, 0.0
                                   "more than one (CPUs), unconfident steps then cost a plain decoding step.")
 DRAFT_PROPOSER_KNOB = ChoiceKnob(
     "proposer", "Proposer", ("model", "medusa_heads"), "model",
-    info="model: the draft model drafts K tokens, one forward pass each. medusa_heads: the draft's next token "
-         "plus its Medusa heads' tokens, from one draft forward pass (needs heads for the draft).")
+    info="Draft model: the draft model drafts K tokens, one forward pass each. Medusa heads on the draft: the "
+         "draft's next token plus its Medusa heads' tokens, from one draft forward pass (needs heads trained on "
+         "the draft).")
 MEDUSA_ACCEPTANCE_KNOB = ChoiceKnob(
     "acceptance", "Acceptance", ("exact", "typical"), "exact",
     info="exact: the target's own rule (greedy argmax match, or speculative sampling): lossless. "
@@ -221,7 +222,7 @@ def _total_tokens(value) -> int:
 EAGLE_DEPTH_KNOB = Knob("depth", "Tree depth", 1, MAX_EAGLE_DEPTH, 4,
                         info="EAGLE: draft levels per step (the deepest token a step can accept, plus the bonus).")
 EAGLE_TOP_K_KNOB = Knob("top_k", "Children per node", 1, MAX_EAGLE_TOP_K, 4,
-                        info="EAGLE-2: the top_k best nodes of each level are expanded with their top_k children.")
+                        info="EAGLE-2: the k best nodes of each level are expanded with their k best children each.")
 EAGLE_TOTAL_TOKENS_KNOB = ChoiceKnob(
     "total_tokens", "Tree nodes verified", ("auto",), "auto", parse=_total_tokens,
     custom_label=f"an integer in [1, {MAX_EAGLE_TOTAL_TOKENS}]",

@@ -8,6 +8,7 @@ model presets (:mod:`playground.presets`; the Models tab, :mod:`.models_tab`, lo
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import logging
 
@@ -15,6 +16,8 @@ import gradio as gr
 
 from playground import advisor, presets
 from playground.engine import BASELINE, METHODS, theory
+
+from .wording import choice_label, unavailable_text
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +55,38 @@ def loaded_models(engine) -> tuple[bool, bool, int | None]:
             int(k) if isinstance(k, (int, float)) and not isinstance(k, bool) else None)
 
 
+RULE_TITLES = {
+    "no_draft_medusa": "No draft model: train Medusa heads", "same_family_draft": "A same-family draft is available",
+    "draft_size": "Draft size", "target_too_small": "A small target", "zero_training": "No training and no draft",
+    "copy_tasks": "Tasks that copy from the prompt", "k_defaults": "How many tokens to draft (K)",
+    "loaded_draft": "A draft made for this target is loaded", "loaded_medusa": "Medusa heads are loaded",
+    "lookahead_size": "Lookahead's window by model size", "medusa_threshold": "Medusa's typical acceptance",
+    "medusa_tree": "Medusa's tree", "measured_run": "What this page measured",
+}
+"""The page's title of each advisor rule (the rules' ids are internal)."""
+
+
+def rule_title(rule_id: str) -> str:
+    """A rule's title on the page (its id made readable when it has none)."""
+    return RULE_TITLES.get(rule_id, rule_id.replace("_", " ").capitalize())
+
+
+def _label(m: str) -> str:
+    return METHODS[m].label if m in METHODS else m.replace("_", " ")
+
+
+def _knob_label(m: str, k: str) -> str:
+    knob = next((kn for kn in METHODS[m].knobs if kn.name == k), None) if m in METHODS else None
+    return _KNOB_NAMES.get(k) or (knob.label if knob is not None else k.replace("_", " "))
+
+
+def _value_text(m: str, k: str, v) -> str:
+    return choice_label(k, v) if isinstance(v, str) else str(v)
+
+
 def advice_markdown(advice: advisor.Advice, engine) -> str:
-    """The advice as Markdown: the recommendation, settings, reasons with their rules, measured notes."""
+    """The advice as Markdown: the recommendation, settings (page names), reasons with the rule behind
+    each (its title and guidance, never its id), measured notes."""
     label = METHODS[advice.primary].label if advice.primary in METHODS else advice.primary
     lines = [f"### Recommended: **{label}**"]
     ticks = ", ".join(METHODS[m].label if m in METHODS else m for m in advice.methods)
@@ -61,19 +94,19 @@ def advice_markdown(advice: advisor.Advice, engine) -> str:
     for m, params in advice.params.items():
         if not params:
             continue
-        name = METHODS[m].label if m in METHODS else m
-        lines.append(f"- **{name}**: " + ", ".join(f"{k} = {v}" for k, v in params.items()))
+        lines.append(f"- **{_label(m)}**: " + ", ".join(f"{_knob_label(m, k)} = {_value_text(m, k, v)}"
+                                                     for k, v in params.items()))
     lines.append("\n**Why**")
     for rule_id, text in advice.reasons:
         rule = advisor.RULES[rule_id]
-        lines.append(f"- {html.escape(text)}. _Rule `{rule_id}`: {html.escape(rule.guidance)} ({rule.source})_")
+        lines.append(f"- {html.escape(text)}. _{rule_title(rule_id)}: {html.escape(rule.guidance)} ({rule.source})_")
     if advice.measured_notes:
         lines.append("\n**Where our measurements disagree**")
         lines += [f"- {html.escape(n)}" for n in advice.measured_notes]
     missing = [m for m in advice.methods if m not in METHODS or engine.unavailable_reason(m)]
     if missing:
         lines.append("\n_Not available with the loaded models (Apply skips them): "
-                     + "; ".join(f"{m}: {engine.unavailable_reason(m) if m in METHODS else 'not in this build'}"
+                     + "; ".join(f"{_label(m)}: {unavailable_text(engine, m) if m in METHODS else 'not in this build'}"
                                  for m in missing) + "_")
     return "\n".join(lines)
 
@@ -104,16 +137,35 @@ def situation(target_b, draft_b, train, task, appetite, device, loaded_draft=Fal
                              cpu_isa if device == "cpu" else None)
 
 
-def advise(engine, *values) -> tuple[str, dict | None]:
+def run_figures(summary: dict | None, verify_cost) -> tuple[advisor.DraftMeasurement | None, dict[str, float]]:
+    """What the last run on the Playground tab measured, for the advisor: the draft model's measurement
+    (:func:`advisor.measure_draft`, the same as the draft panel's) and each method's speedup over the
+    baseline. Sampled runs count for neither (their acceptance differs from greedy decoding's)."""
+    if not summary or not summary.get("greedy", True):
+        return None, {}
+    methods = summary.get("methods") or {}
+    d = methods.get("draft_model")
+    draft = advisor.measure_draft(d["stats"], (d.get("params") or {}).get("k"), verify_cost) if d else None
+    base = summary.get("baseline_tokens_per_s")
+    speeds = {m: x["stats"]["tokens_per_s"] / base for m, x in methods.items()
+              if base and m != BASELINE and (x.get("stats") or {}).get("tokens_per_s")}
+    return draft, speeds
+
+
+def advise(engine, *values, summary: dict | None = None) -> tuple[str, dict | None]:
     """``(markdown, advice as plain data or None)``; bad input gives a message that says what is allowed
     and no recommendation (so Apply has nothing stale to apply), never raises.
 
     ``values``: the tab's inputs (target size, draft size, willing to train, task, appetite, device,
-    draft loaded, Medusa loaded).
+    draft loaded, Medusa loaded). ``summary``: the last Playground run (``_RunView.summary()``), whose
+    measured draft K and speedups the advice follows when its device is this one.
     """
     try:
         _, _, draft_k = loaded_models(engine)
         s = situation(*values, draft_k=draft_k, cpu_isa=advisor.cpu_isa())
+        here = s.device == ("cpu" if str(getattr(getattr(engine, "target", None), "device", "cpu")) == "cpu" else "gpu")
+        draft_run, speeds = run_figures(summary, _page_cost(engine)) if here else (None, {})
+        s = dataclasses.replace(s, draft_run=draft_run if s.draft_loaded else None, run_speedups=speeds or None)
         adv = advisor.advise(s, verify_cost=_measured_cost(engine))
     except (TypeError, ValueError) as e:
         return (f"**Cannot advise:** {html.escape(str(e))}.\n\nAllowed: a target size above 0 and at most "
@@ -122,13 +174,26 @@ def advise(engine, *values) -> tuple[str, dict | None]:
     return advice_markdown(adv, engine), {"methods": adv.methods, "params": adv.params, "primary": adv.primary}
 
 
+def _engine_key(engine) -> str | None:
+    from . import worker
+
+    return next((k for k, e in worker.ENGINES.items() if e is engine), None)  # the Theory tab registered it
+
+
 def _measured_cost(engine):
     """This device's verify cost if the Theory tab has measured it (made non-decreasing), else None."""
-    from . import insight, worker
+    from . import insight
 
-    key = next((k for k, e in worker.ENGINES.items() if e is engine), None)  # the Theory tab registered it
+    key = _engine_key(engine)
     d = insight.VERIFY_COSTS.get(key) if key else None
     return theory.VerifyCost.from_dict(d).monotone() if d else None
+
+
+def _page_cost(engine):
+    """The verify cost the draft panel uses (``insight.verify_cost_for``): measured, else the fallback."""
+    from . import insight
+
+    return insight.verify_cost_for(_engine_key(engine) or "")
 
 
 def apply_values(engine, advice: dict | None, knob_keys: list[tuple[str, str]]) -> tuple:
@@ -159,20 +224,22 @@ def applied_message(advice: dict, ticks: list[str], skipped: list[str], knob_key
     for m in ticks:
         set_here = {k: v for k, v in (advice["params"].get(m) or {}).items() if (m, k) in knob_keys}
         label = METHODS[m].label
-        parts.append(label + (" (" + ", ".join(f"{_KNOB_NAMES.get(k, k)} = {v}" for k, v in set_here.items()) + ")"
+        parts.append(label + (" (" + ", ".join(f"{_knob_label(m, k)} = {_value_text(m, k, v)}"
+                                               for k, v in set_here.items()) + ")"
                               if set_here else ""))
     msg = "**Applied to the Playground tab:** " + "; ".join(parts) + ". Run it there to measure."
     if skipped:
-        msg += " Not available with the loaded models, so not ticked: " + ", ".join(skipped) + "."
+        msg += " Not available with the loaded models, so not ticked: " + ", ".join(map(_label, skipped)) + "."
     return msg
 
 
-_KNOB_NAMES = {"k": "K", "window": "W", "ngram_size": "N", "guess_set_size": "G"}
+_KNOB_NAMES = {"k": "K", "window": "W", "ngram_size": "N", "guess_set_size": "G", "tree_choices": "tree"}
 
 
 def preset_markdown(name: str) -> str:
     p = presets.get_preset(name)
-    parts = [f"**{p.label}** — target `{p.target}`"]
+    target = "the embedded SmolLM2-135M-Instruct" if p.target == "default" else f"`{p.target}`"
+    parts = [f"**{p.label}** — target {target}"]
     if p.drafts:
         parts.append("drafts " + ", ".join(f"`{d}`" for d in p.drafts))
     if p.medusa:
@@ -181,12 +248,14 @@ def preset_markdown(name: str) -> str:
     return ", ".join(parts) + f" ({where}). {p.note}"
 
 
-def build(engine, use: dict, knobs: dict) -> None:
+def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None) -> None:
     """Lay the tab out and wire Apply to the Playground tab's ``use`` checkboxes and ``knobs`` sliders.
 
     Args:
         use: method -> its checkbox on the Playground tab.
         knobs: ``(method, knob name)`` -> its slider on the Playground tab.
+        last_run: the Playground's last finished run (``_RunView.summary()``); the advice follows
+            what it measured (the draft panel's K, the fastest method).
     """
     device = "cpu" if str(engine.target.device) == "cpu" else "gpu"
     gr.Markdown("Tell the advisor about your deployment; it recommends a method and settings, with the rule behind "
@@ -231,15 +300,18 @@ def build(engine, use: dict, knobs: dict) -> None:
             fill_btn = gr.Button("Use its sizes in the advisor", size="sm", elem_id="preset-fill")
         preset_info = gr.Markdown(preset_markdown("default"), elem_id="preset-info")
         with gr.Accordion("The advisor's rules", open=False):
-            gr.Markdown("\n".join(f"- **`{r.id}`**: {r.guidance} _({r.source})_" for r in advisor.RULES.values()))
+            gr.Markdown("\n".join(f"- **{rule_title(r.id)}**: {r.guidance} _({r.source})_"
+                                   for r in advisor.RULES.values()))
 
     knob_keys = list(knobs)
-    def advise_and_clear(*v):  # new advice: the last "Applied" message no longer describes it
-        return (*advise(engine, *v), "")
+    run = [last_run] if last_run is not None else []
 
-    go_btn.click(advise_and_clear, inputs, [out, state, applied], api_visibility="private", queue=False)
-    for comp in inputs:
-        comp.change(advise_and_clear, inputs, [out, state, applied], api_visibility="private", queue=False)
+    def advise_and_clear(*v):  # new advice: the last "Applied" message no longer describes it
+        return (*advise(engine, *v[:len(inputs)], summary=v[len(inputs)] if run else None), "")
+
+    go_btn.click(advise_and_clear, inputs + run, [out, state, applied], api_visibility="private", queue=False)
+    for comp in inputs + run:
+        comp.change(advise_and_clear, inputs + run, [out, state, applied], api_visibility="private", queue=False)
     apply_btn.click(lambda adv: apply_values(engine, adv, knob_keys), state,
                     [*(use[m] for m in METHODS), *(knobs[k] for k in knob_keys), applied],
                     api_visibility="private", queue=False)

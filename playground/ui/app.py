@@ -31,8 +31,8 @@ from playground.engine import GenerationSettings
 from playground.engine import GENERATION_KNOBS, MAX_MEDUSA_HEADS, REPETITION_PENALTY_KNOB
 from playground.engine import head_source
 
-from . import advisor_tab, bench_tab, charts, history, insight, medusa_panel, models_tab, render, step_inspector
-from . import theory_tab, worker
+from . import advisor_tab, bench_tab, charts, guide, history, insight, medusa_panel, models_tab, render
+from . import step_inspector, theory_tab, wording, worker
 from .inputs import STOP_INPUT, _parse, input_names, model_settings_note, run_arguments, stop_lines  # noqa: F401
 from .knobs import knob_input
 from .run_control import StopSignals
@@ -57,11 +57,12 @@ PAGE_CSS = """
 .method-panel .panel-title p { margin: 0; font-size: 1.05em; }
 .stats-line p { margin: 2px 0; font-size: 0.92em; }
 .unavailable-reason p { font-size: 0.9em; color: var(--body-text-color-subdued); margin: 0 0 6px 0; }
-#method-panels { display: grid; grid-template-columns: repeat(auto-fit, minmax(220px, 1fr)); align-items: start; }
+#method-panels { display: grid; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); align-items: start; }
 #method-panels > .method-panel { min-width: 0; }
 """
-"""Page CSS. ``#method-panels`` lays the method panels out as a grid of equal columns: as many
-as fit, wrapping ones keep the same width (a wrapped flex row would stretch a lone last panel)."""
+"""Page CSS. ``#method-panels`` lays the method panels out as a grid of equal columns, at least 300 px
+(about 34 characters of code): as many as fit, so few chosen methods get wide panels; wrapping
+ones keep the same width (a wrapped flex row would stretch a lone last panel)."""
 
 
 def launch_options() -> dict[str, Any]:
@@ -71,7 +72,7 @@ def launch_options() -> dict[str, Any]:
     """
     theme = gr.themes.Default(primary_hue="blue", font=["ui-sans-serif", "system-ui", "sans-serif"],
                               font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
-    return {"theme": theme, "css": PAGE_CSS + step_inspector.STEP_CSS}
+    return {"theme": theme, "css": PAGE_CSS + step_inspector.STEP_CSS + guide.GUIDE_CSS}
 
 
 def load_examples(path: Path = EXAMPLES_PATH) -> list[dict]:
@@ -94,6 +95,7 @@ class _RunView:
         self.greedy = settings.sampling.greedy
         self.outputs = {s.name: RunOutput(s.name, s.params) for s in specs}
         self.reasons: dict[str, str | None] = {m: None for m in self.chosen}
+        self.checks: dict[str, str] = {}  # method -> "match" / "near_tie" / "mismatch" once compared
         self.stats: dict[str, dict] = {}
         self.timelines: dict[str, list[tuple[float, int]]] = {}
         self.per_step: dict[str, list[int]] = {m: [] for m in self.chosen}  # tokens emitted by each step
@@ -160,12 +162,12 @@ class _RunView:
             if n == 0:
                 return render.badge("info", "stopped before both had a token: nothing to compare")
             check = check_lossless(b.ids[:n], b.margins[:n], ids[:n], self.engine.target.dtype)
-            kind = "match" if check.matched else "near_tie" if check.near_tie else "mismatch"
+            kind = self.checks[m] = "match" if check.matched else "near_tie" if check.near_tie else "mismatch"
             text = f"stopped: its first {render.plural(n, 'token')} match the baseline's" if check.matched \
                 else f"stopped: {check.message()}"
             return render.badge(kind, text)
         check = check_lossless(b.ids, b.margins, ids, self.engine.target.dtype)
-        kind = "match" if check.matched else "near_tie" if check.near_tie else "mismatch"
+        kind = self.checks[m] = "match" if check.matched else "near_tie" if check.near_tie else "mismatch"
         return render.badge(kind, check.message())
 
     def stop(self) -> int:
@@ -190,16 +192,17 @@ class _RunView:
     def summary(self) -> dict:
         """The run as plain data for the insight charts, Theory and History tabs: ``{"target", "draft", "dtype",
         "prompt", "settings" (worker.settings_dict), "baseline_tokens_per_s", "methods": {method: {"label", "params",
-        "stats" (RunStats.as_dict), "tokens_per_step", "output_ids", "output_text", "margins", "finish_reason"}}}``."""
+        "stats" (RunStats.as_dict), "tokens_per_step", "output_ids", "output_text", "margins", "finish_reason", "lossless"}}, "greedy"}``."""
         base = self.stats.get(BASELINE, {}).get("tokens_per_s") if BASELINE in self.chosen else None
         draft = getattr(self.engine, "draft", None)
         return {"target": self.engine.target.name, "draft": draft.name if draft is not None else None,
                 "dtype": str(self.engine.target.dtype).removeprefix("torch."), "prompt": self.prompt,
-                "settings": self.settings, "baseline_tokens_per_s": base or None,
+                "settings": self.settings, "baseline_tokens_per_s": base or None, "greedy": self.greedy,
                 "methods": {m: {"label": METHODS[m].label, "params": self.outputs[m].params,
                                 "stats": self.stats.get(m, {}), "tokens_per_step": list(self.per_step[m]),
                                 "output_ids": list(self.outputs[m].ids), "output_text": self.outputs[m].text,
-                                "margins": list(self.outputs[m].margins), "finish_reason": self.reasons[m]}
+                                "margins": list(self.outputs[m].margins), "finish_reason": self.reasons[m],
+                                "lossless": self.checks.get(m)}
                             for m in self.chosen}}
 
     def values(self, final: bool = False) -> tuple:
@@ -285,6 +288,7 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
             view.status = render.status_html(
                 "done", f"Done in {time.perf_counter() - start:.1f} s (methods run side by side, one step each "
                         "in turn; each method's speed counts only its own steps).")
+        view.status += guide.verdict_html(view.summary())  # "Fastest: ..., 1.24× the baseline, ..."
         view.refresh_figures()
         yield view.values(final=True)
     except ValueError as e:  # the engine's checks before the first step
@@ -341,7 +345,7 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
                         gr.Markdown("### Methods")
                         use, knobs, reasons = {}, [], {}
                         for m, info in METHODS.items():
-                            reason = engine.unavailable_reason(m)
+                            reason = wording.unavailable_text(engine, m)
                             use[m] = gr.Checkbox(value=available[m], label=info.label, info=info.description,
                                                  interactive=available[m], elem_id=f"use-{m}")
                             reasons[m] = gr.Markdown(f"**Unavailable:** {reason}" if reason else "", visible=bool(
@@ -368,12 +372,12 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
                                                   value=model_gen["applied"].get("repetition_penalty", 1.0)))
                             gr.Markdown(model_settings_note(model_gen), elem_id="gen-from-model")
 
-                gr.HTML(render.legend_html(sources, source_labels()), elem_id="legend")
+                gr.HTML(guide.legend_with_guide_html(sources, source_labels()), elem_id="legend")
                 panel_cols, panel_outputs = {}, []
                 with gr.Row(equal_height=False, elem_id="method-panels"):
                     for m, info in METHODS.items():
                         with gr.Column(visible=bool(use[m].value), elem_classes=["method-panel"],
-                                       elem_id=f"col-{m}", min_width=220) as col:
+                                       elem_id=f"col-{m}", min_width=300) as col:
                             gr.Markdown(f"**{info.label}**", elem_classes=["panel-title"])
                             # The value only grows during a run (spans appended), so it streams as diffs;
                             # the wrapper and its CSS live in the template.
@@ -410,7 +414,7 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
             with gr.Tab("Theory", id="theory", elem_id="tab-theory") as theory:
                 theory_tab.build(engine, last_run, theory)
             with gr.Tab("Advisor", id="advisor", elem_id="tab-advisor"):
-                advisor_tab.build(engine, use, dict(zip(_knob_keys(), knobs)))
+                advisor_tab.build(engine, use, dict(zip(_knob_keys(), knobs)), last_run)
             if vllm is not None:  # a vllm_panel.VLLMSession (app.py --vllm / --vllm-url)
                 from . import vllm_panel
                 with gr.Tab("vLLM", id="vllm", elem_id="tab-vllm"):

@@ -14,14 +14,25 @@ import plotly.graph_objects as go
 
 from playground.engine import METHODS
 
-METHOD_COLORS = ("#2563eb", "#d97706", "#059669", "#db2777", "#7c3aed", "#0891b2")
-"""Line and bar colours, by the method's position in the registry."""
+METHOD_COLORS = ("#2563eb", "#d97706", "#059669", "#db2777", "#7c3aed", "#0891b2", "#dc2626", "#65a30d",
+                 "#475569", "#a16207")
+"""Line and bar colours, by the method's position in the registry: one hue per method (the registry's
+nine methods get nine different colours), mid-tones that read on the light and the dark theme."""
+METHOD_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "cross", "x", "star", "triangle-down", "pentagon",
+                  "hexagon")
+"""Marker symbols, by the method's position in the registry: a second cue besides the colour."""
+CURVE_COLORS = ("#6b7280", "#9ca3af", "#4b5563", "#a8a29e", "#78716c", "#57534e")
+CURVE_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+"""Theory curves are grey with a dash pattern each, so they never look like a measured method."""
 
 METHOD_COLOR: dict[str, str] = {}
 """The one method -> colour mapping of every chart (Playground and Benchmark tab alike), keyed by
 method name (``medusa``) and by label (``Medusa``): the registry position's colour."""
+METHOD_SYMBOL: dict[str, str] = {}
+"""Method name or label -> its marker symbol (like :data:`METHOD_COLOR`)."""
 for _i, (_name, _info) in enumerate(METHODS.items()):
     METHOD_COLOR[_name] = METHOD_COLOR[_info.label] = METHOD_COLORS[_i % len(METHOD_COLORS)]
+    METHOD_SYMBOL[_name] = METHOD_SYMBOL[_info.label] = METHOD_SYMBOLS[_i % len(METHOD_SYMBOLS)]
 
 LEGEND_ROW_PX = 22
 """Height of one row of a horizontal legend (12 px font)."""
@@ -34,6 +45,11 @@ _AXIS = dict(showgrid=True, gridcolor="rgba(128,128,128,0.25)", zeroline=False, 
 def method_color(name_or_label: str, i: int = 0) -> str:
     """A method's colour (by name or label); other series take the palette's ``i``-th colour."""
     return METHOD_COLOR.get(name_or_label, METHOD_COLORS[i % len(METHOD_COLORS)])
+
+
+def method_symbol(name_or_label: str, i: int = 0) -> str:
+    """A method's marker symbol (by name or label); other series take the ``i``-th symbol."""
+    return METHOD_SYMBOL.get(name_or_label, METHOD_SYMBOLS[i % len(METHOD_SYMBOLS)])
 
 
 def _layout(fig: go.Figure, title: str, x_title: str, y_title: str, height: int = 320) -> go.Figure:
@@ -79,7 +95,7 @@ def timeline_figure(series: Mapping[str, Sequence[tuple[float, int]]],
         color = _color(colors, label, i)
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=label, line=dict(color=color, width=2.5,
                                                                                     shape="hv")))
-    return _layout(fig, "Tokens generated over time", "seconds (each method's own steps)", "new tokens")
+    return _layout(fig, "Tokens generated over time", "time (s, each method's own steps)", "new tokens (tokens)")
 
 
 def speed_figure(tokens_per_s: Mapping[str, float], colors: Mapping[str, str] | None = None) -> go.Figure:
@@ -94,7 +110,7 @@ def speed_figure(tokens_per_s: Mapping[str, float], colors: Mapping[str, str] | 
     bar_colors = [_color(colors, lb, i) for i, lb in enumerate(labels)]
     fig = go.Figure(go.Bar(x=labels, y=values, marker_color=bar_colors, text=[f"{v:.1f}" for v in values],
                            textposition="outside", cliponaxis=False))
-    fig = _layout(fig, "Throughput", "", "tokens / s")
+    fig = _layout(fig, "Throughput", "method", "tokens / s")
     fig.update_layout(showlegend=False)
     return fig
 
@@ -118,23 +134,40 @@ def empty_figure(title: str, message: str, height: int = 320) -> go.Figure:
     return fig
 
 
+STEP_ROW_PX = 110
+"""Height of one method's row in the small multiples of tokens per step."""
+
+
 def tokens_per_step_figure(series: Mapping[str, Sequence[int]],
                            colors: Mapping[str, str] | None = None) -> go.Figure:
-    """Tokens emitted by each step over the run (accepted drafts plus the bonus token), per method.
+    """Tokens emitted by each step over the run (accepted drafts plus the bonus token), as small
+    multiples: one row per method, titled with its label, sharing the step axis, so no two
+    methods' steps overlap.
 
     Args:
         series: method label -> tokens emitted by step 0 (the prefill), 1, 2, ...
         colors: method label -> colour.
     """
-    if not any(series.values()):
+    series = {k: list(v) for k, v in series.items() if v}
+    if not series:
         return empty_figure("Accepted tokens per step", "run a comparison to see each step")
-    fig = go.Figure()
+    from plotly.subplots import make_subplots
+
+    rows = len(series)
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, subplot_titles=list(series),
+                        vertical_spacing=min(0.12, 0.5 / rows))
+    top = max(max(c) for c in series.values())
     for i, (label, counts) in enumerate(series.items()):
-        fig.add_trace(go.Scatter(x=list(range(len(counts))), y=list(counts), mode="lines+markers", name=label,
-                                 line=dict(color=_color(colors, label, i), width=1.5, shape="hv"),
-                                 marker=dict(size=4)))
-    fig = _layout(fig, "Accepted tokens per step (bonus token included)", "step", "tokens")
-    fig.update_yaxes(dtick=1)
+        fig.add_trace(go.Bar(x=list(range(len(counts))), y=counts, name=label, showlegend=False,
+                             marker_color=_color(colors, label, i),
+                             hovertemplate=f"{label}<br>step %{{x}}: %{{y}} tokens<extra></extra>"), row=i + 1, col=1)
+    fig = _layout(fig, "Accepted tokens per step (bonus token included), one row per method", "", "",
+                  height=60 + STEP_ROW_PX * rows)
+    fig.update_layout(showlegend=False, bargap=0.15)
+    fig.update_yaxes(range=[0, top + 0.5], dtick=1 if top <= 6 else None, title_text="tokens")
+    fig.update_xaxes(title_text="step (one target pass each; step 0 reads the prompt)", row=rows, col=1)
+    for a in fig.layout.annotations:  # subplot titles: left-aligned, the page's font size
+        a.update(x=0.0, xanchor="left", font=dict(size=12))
     return fig
 
 
@@ -155,7 +188,7 @@ def tokens_per_step_histogram(series: Mapping[str, Sequence[int]],
             continue
         share = [round(sum(1 for c in counts if c == x) / len(counts), 4) for x in xs]
         fig.add_trace(go.Bar(x=xs, y=share, name=label, marker_color=_color(colors, label, i)))
-    fig = _layout(fig, "Tokens per step: histogram", "tokens emitted by a step", "share of steps")
+    fig = _layout(fig, "Tokens per step: histogram", "tokens emitted by a step (tokens)", "share of steps (0–1)")
     fig.update_layout(barmode="group")
     fig.update_xaxes(dtick=1)
     return fig
@@ -174,8 +207,10 @@ def per_position_figure(series: Mapping[str, Sequence[float]],
     fig = go.Figure()
     for i, (label, rates) in enumerate(series.items()):
         fig.add_trace(go.Scatter(x=list(range(1, len(rates) + 1)), y=[round(r, 4) for r in rates],
-                                 mode="lines+markers", name=label, line=dict(color=_color(colors, label, i))))
-    fig = _layout(fig, "Acceptance by draft position", "position in the draft", "acceptance rate")
+                                 mode="lines+markers", name=label, line=dict(color=_color(colors, label, i)),
+                                 marker=dict(symbol=method_symbol(label, i), size=8)))
+    fig = _layout(fig, "Acceptance by draft position", "position in the draft (1 = first drafted token)",
+                  "acceptance rate (0–1)")
     fig.update_yaxes(range=[0, 1.05])
     fig.update_xaxes(dtick=1)
     return fig
@@ -196,7 +231,7 @@ def time_split_figure(split: Mapping[str, tuple[float, float]]) -> go.Figure:
         go.Bar(y=labels, x=[round(split[lb][1], 4) for lb in labels], name="verifying (target pass)",
                orientation="h", marker_color="#3b82f6"),
     ])
-    fig = _layout(fig, "Draft vs verify time (decode steps)", "seconds", "")
+    fig = _layout(fig, "Draft vs verify time (decode steps)", "time (s)", "method")
     fig.update_layout(barmode="stack")
     fig.update_yaxes(rangemode="normal")
     return fig
@@ -206,24 +241,38 @@ def theory_figure(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
                   points: Sequence[dict] = (), title: str = "Expected speedup vs acceptance rate") -> go.Figure:
     """Expected-speedup curves against alpha, with measured points overlaid.
 
+    Curves are grey, one dash pattern each; each measured point has its method's colour and marker
+    symbol and a legend entry of its own (its label, alpha and speedup) rather than a text label
+    on the chart, so points that lie close together stay readable.
+
     Args:
         curves: curve label (e.g. ``"K=4, c=0.05"``) -> ``(alphas, speedups)``.
-        points: measured runs: ``{"label", "alpha", "speedup", "text"}`` each.
+        points: measured runs: ``{"label", "alpha", "speedup", "text"}`` each, with ``"method"`` (a
+            method name or label) choosing the colour and symbol.
     """
     fig = go.Figure()
     for i, (label, (xs, ys)) in enumerate(curves.items()):
         fig.add_trace(go.Scatter(x=list(xs), y=[round(y, 4) for y in ys], mode="lines", name=label,
-                                 line=dict(color=METHOD_COLORS[i % len(METHOD_COLORS)], width=2,
-                                           dash="solid" if i < len(METHOD_COLORS) else "dash")))
-    for p in points:
-        fig.add_trace(go.Scatter(x=[p["alpha"]], y=[p["speedup"]], mode="markers+text", name=p["label"],
-                                 text=[p.get("text", p["label"])], textposition="top center",
-                                 marker=dict(size=12, symbol="diamond", color="#111827",
-                                             line=dict(color="#ffffff", width=1))))
+                                 line=dict(color=CURVE_COLORS[i % len(CURVE_COLORS)], width=2,
+                                           dash=CURVE_DASHES[i % len(CURVE_DASHES)])))
+    for i, p in enumerate(points):
+        key = p.get("method", p["label"])
+        fig.add_trace(go.Scatter(x=[p["alpha"]], y=[p["speedup"]], mode="markers", name=p.get("text", p["label"]),
+                                 marker=dict(size=13, symbol=method_symbol(key, i), color=method_color(key, i),
+                                             line=dict(color="#ffffff", width=1.5)),
+                                 hovertemplate=f"{html_escape(p.get('text', p['label']))}<extra></extra>"))
     fig.add_hline(y=1.0, line=dict(color="#9ca3af", dash="dot", width=1))
-    fig = _layout(fig, title, "acceptance rate alpha", "expected speedup (×)", height=420)
+    fig = _layout(fig, title, "acceptance rate α (accepted / drafted, 0–1)", "expected speedup (× plain decoding)",
+                  height=420)
     fig.update_xaxes(range=[0, 1])
     return fig
+
+
+def html_escape(text: str) -> str:
+    """``text`` safe inside a Plotly hover template (HTML-escaped)."""
+    import html
+
+    return html.escape(text)
 
 
 def bench_speedup_figure(rows: Sequence[dict], baseline: str = "autoregressive") -> go.Figure:

@@ -15,6 +15,7 @@ import gradio as gr
 from playground.engine import theory
 from playground.engine import METHODS
 from playground.engine import LOOKAHEAD_PRESETS
+from playground.advisor_figures import measure_draft
 
 from . import charts
 
@@ -32,7 +33,7 @@ def verify_cost_for(engine_key: str) -> theory.VerifyCost:
 
 
 def _colors() -> dict[str, str]:
-    return {info.label: charts.METHOD_COLORS[i % len(charts.METHOD_COLORS)] for i, info in enumerate(METHODS.values())}
+    return {info.label: charts.method_color(m) for m, info in METHODS.items()}
 
 
 # ----- per-run charts ------------------------------------------------------------------------
@@ -75,46 +76,45 @@ def draft_panel_markdown(stats: dict | None, k: int | None, verify_cost: theory.
         verify_cost: relative cost of verifying n tokens (measured or the fallback table).
     """
     if not stats:
-        return "_Run the draft model to see its per-position acceptance, time split and a suggested K._"
-    alpha = stats.get("alpha")
+        return "_Run the draft model to see its time split and a suggested K._"
     draft_s, verify_s = stats.get("draft_s", 0.0), stats.get("verify_s", 0.0)
-    steps = max(0, stats.get("steps", 0) - 1)
     total = draft_s + verify_s
     lines = [f"**Time split** (decode steps): drafting {draft_s:.2f} s ({100 * draft_s / total:.0f}%), "
              f"verifying {verify_s:.2f} s ({100 * verify_s / total:.0f}%)" if total > 0 else "**Time split:** –"]
-    c_step = theory.draft_cost_ratio(draft_s, stats.get("proposed", 0), verify_s, steps)
-    if alpha is None or c_step is None or k is None:
+    m = measure_draft(stats, k, verify_cost)  # the advisor's K comes from the same function
+    if m is None:
         return "\n\n".join(lines + ["_Nothing was drafted: no suggestion._"])
-    # c_step is per verification pass (K + 1 tokens); the formula's c is per single-token forward.
-    c = c_step * verify_cost(k + 1)
-    sug = theory.suggest_k(alpha, c, verify_cost)
-    now = theory.expected_speedup(alpha, k, c, verify_cost)
-    lines.append(f"**Measured:** α = {alpha:.2f}; c = (draft seconds per drafted token) / (verify seconds per "
-                 f"step) = {c_step:.3f}, i.e. {c:.3f} of a single-token target forward "
-                 f"(× verify cost of {k + 1} tokens = {verify_cost(k + 1):.2f}).")
+    sug, cost = m.suggestion, verify_cost.monotone()
+    lines.append(f"**Measured:** α = {m.alpha:.2f}; c = (draft seconds per drafted token) / (verify seconds per "
+                 f"step) = {m.c_step:.3f}, i.e. {m.c:.3f} of a single-token target forward "
+                 f"(× verify cost of {m.k + 1} tokens = {cost(m.k + 1):.2f}).")
     verdict = "" if sug.pays_off else " — even the best K is expected to be slower than plain decoding here"
     lines.append(f"**Suggested K = {sug.k}** (expected {sug.speedup:.2f}×, τ {sug.tokens_per_step:.2f}); "
-                 f"K = {k} as run: expected {now:.2f}×{verdict}. Verify cost: {html.escape(verify_cost.source)}.")
+                 f"K = {m.k} as run: expected {m.speedup_as_run:.2f}×{verdict}. The Advisor tab uses this K. "
+                 f"Verify cost: {html.escape(_source_text(verify_cost))}.")
     return "\n\n".join(lines)
 
 
+def _source_text(cost: theory.VerifyCost) -> str:
+    """Where a verify cost was measured, without the engine's note on how it was smoothed."""
+    return cost.source.replace(" (made non-decreasing in n)", "")
+
+
 def build_draft_panel() -> list:
-    """The draft-model panel's insight: a Markdown (``#draft-insight``) and a per-position chart."""
-    with gr.Accordion("Acceptance, time split and suggested K", open=True, elem_id="draft-insight-box"):
+    """The draft-model panel's insight: a Markdown (``#draft-insight``). Its acceptance by draft position
+    is one line of the run charts' ``#position-chart`` (each chart is shown once)."""
+    with gr.Accordion("Draft model: time split and suggested K", open=True, elem_id="draft-insight-box"):
         md = gr.Markdown(draft_panel_markdown(None, None, theory.FALLBACK), elem_id="draft-insight")
-        plot = gr.Plot(charts.per_position_figure({}), show_label=False, elem_id="draft-position-chart")
-    return [md, plot]
+    return [md]
 
 
 def after_run(summary: dict | None, engine_key: str) -> tuple:
-    """Outputs after a run: the four per-run figures, the draft panel's Markdown and chart."""
+    """Outputs after a run: the four per-run figures and the draft panel's Markdown."""
     figs = run_figures(summary)
     d = (summary or {}).get("methods", {}).get("draft_model")
     if d is None:
-        return (*figs, gr.skip(), gr.skip())
-    md = draft_panel_markdown(d["stats"], (d.get("params") or {}).get("k"), verify_cost_for(engine_key))
-    pos = charts.per_position_figure({d["label"]: d["stats"].get("per_position_acceptance") or []})
-    return (*figs, md, pos)
+        return (*figs, gr.skip())
+    return (*figs, draft_panel_markdown(d["stats"], (d.get("params") or {}).get("k"), verify_cost_for(engine_key)))
 
 
 # ----- Lookahead's settings -------------------------------------------------------------------

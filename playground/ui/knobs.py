@@ -22,6 +22,8 @@ from __future__ import annotations
 import gradio as gr
 from gradio.components.number import Number
 
+from .wording import choice_pairs
+
 NUMBER_BOX_RANGE = 10_000
 """Knobs with a wider range than this get a number box instead of a slider (the seed)."""
 
@@ -119,7 +121,8 @@ def knob_input(knob, elem_id: str, interactive: bool = True, value=None, label: 
     if not hasattr(knob, "maximum"):  # a setting chosen by name (ChoiceKnob): a dropdown
         offered = list(knob.choices if choices is None else choices)  # only what the loaded models serve
         value = value if value in offered or getattr(knob, "parse", None) is not None else offered[0]
-        return gr.Dropdown(offered, value=value, label=label, info=knob.info,
+        return gr.Dropdown([p for p in choice_pairs(knob) if p[1] in offered], value=value, label=label,
+                           info=knob.info,
                            elem_id=elem_id, interactive=interactive,
                            allow_custom_value=getattr(knob, "parse", None) is not None)
     if knob.maximum - knob.minimum > NUMBER_BOX_RANGE:

@@ -20,6 +20,7 @@ from playground.engine import AUTO_TREE as AUTO, TREE_DESCRIPTIONS, TREE_PRESETS
 from playground.engine import TreeChoicesError, parse_tree_choices, tree_buffers
 
 from . import render
+from .wording import choice_label
 
 TYPICAL_NOTE = ("**Acceptance.** *exact* keeps the target's own output: under greedy decoding Medusa matches the "
                 "baseline token for token; under sampling the one-hot speculative rule keeps the target's "
@@ -139,7 +140,7 @@ def build(engine, knobs: dict) -> None:
     """
     tree = knobs["tree_choices"]
     available = getattr(engine, "medusa", None) is not None
-    presets = ", ".join(f"**{name}**: {desc}" for name, desc in TREE_DESCRIPTIONS.items())
+    presets = ", ".join(f"**{choice_label('tree_choices', name)}**: {desc}" for name, desc in TREE_DESCRIPTIONS.items())
     gr.Markdown(f"Tree presets: {presets}.", elem_id="medusa-presets")
     text, picture, info = describe(engine, tree.value) if available else ("[[0], [0, 0], [0, 1], [0, 0, 0]]",
                                                                          tree_svg(TREE_PRESETS["depth3"]), "")

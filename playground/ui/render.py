@@ -30,19 +30,26 @@ SOURCE_COLORS: dict[str, str] = {
 """Background colour of each token source: light enough that dark text (:data:`TOKEN_TEXT_COLOR`)
 keeps a contrast above 7:1 on every one, in both themes; no two sources share a hue family."""
 
+_SOURCE_WORDS = {"target": "the target", "draft": "the draft model", "prompt_lookup": "prompt lookup",
+                 "lookahead": "Lookahead", "suffix": "suffix decoding", "recycling": "token recycling"}
+"""Sources as a word in a sentence (``accepted from prompt lookup``)."""
+
 _FALLBACK_COLORS = ("#a5b4fc", "#fcd34d", "#86efac", "#f0abfc", "#fecaca", "#e9d5ff", "#99f6e4", "#fef08a")
 TOKEN_TEXT_COLOR = "#111827"
 
 TOKENS_CSS = """
 .tokens { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 14px;
-          line-height: 1.7; white-space: pre-wrap; overflow-wrap: anywhere; min-height: 9em;
+          line-height: 1.7; white-space: pre-wrap; overflow-wrap: normal; word-break: normal; overflow-x: auto;
+          min-height: 9em;
           padding: 8px 10px; border: 1px solid var(--border-color-primary, #e5e7eb);
           border-radius: 8px; background: var(--background-fill-primary, #fff);
           color: var(--body-text-color, #111827); }
 .tokens .tok { border-radius: 3px; padding: 1px 0; color: #111827; }
 .tokens .placeholder { color: var(--body-text-color-subdued, #6b7280); font-style: italic; }
 """
-"""CSS of the token panels (scoped to the panel by ``gr.HTML(css_template=...)``)."""
+"""CSS of the token panels (scoped to the panel by ``gr.HTML(css_template=...)``). Lines wrap at spaces only,
+never inside a word or identifier (``pre-wrap`` keeps indentation); a longer unbroken run of text
+scrolls sideways inside the panel."""
 
 
 def source_color(source: str) -> str:
@@ -109,8 +116,29 @@ def _num(x: float | None, fmt: str, missing: str = "–") -> str:
     return missing if x is None else format(x, fmt)
 
 
-DRAFTER_INFO_LABELS = {"pool_ngrams": "n-grams in the pool", "pool_hits": "steps with a pool hit"}
-"""How the drafters' own figures (``RunStats.drafter``) read in the stats line; others show their key."""
+DRAFTER_INFO_LABELS: dict[str, tuple[str, str]] = {
+    "pool_ngrams": ("n-gram in the pool", "n-grams in the pool"),
+    "pool_hits": ("step with a pool hit", "steps with a pool hit"),
+    "table_rows": ("token with a recycling row", "tokens with a recycling row"),
+    "steps_with_hits": ("step with a table hit", "steps with a table hit"),
+    "cached_outputs": ("earlier output in the cache", "earlier outputs in the cache"),
+    "local_hits": ("match in this answer", "matches in this answer"),
+    "global_hits": ("match in earlier outputs", "matches in earlier outputs"),
+}
+"""How the drafters' own counts (``RunStats.drafter``) read in the stats line: ``(singular, plural)``."""
+
+
+def drafter_figure(key: str, value, labels: Mapping[str, str] | None = None) -> str:
+    """One drafter count in words, in the right number: ``"1 step with a pool hit"``, ``"7 steps with a
+    pool hit"``; a mixture's ``accepted_<source>`` reads ``"3 tokens accepted from prompt lookup"``;
+    an unknown key is made readable (underscores become spaces)."""
+    if key in DRAFTER_INFO_LABELS:
+        one, many = DRAFTER_INFO_LABELS[key]
+        return f"{value} {one if value == 1 else many}"
+    if key.startswith("accepted_"):
+        source = source_label(key.removeprefix("accepted_"), labels or {})
+        return f"{plural(value, 'token')} accepted from {source}"
+    return f"{value} {key.replace('_', ' ')}"
 
 
 def stats_line(stats: Mapping, *, baseline_tokens_per_s: float | None, is_baseline: bool,
@@ -143,7 +171,7 @@ def stats_line(stats: Mapping, *, baseline_tokens_per_s: float | None, is_baseli
         f"α {_num(None if alpha is None else 100 * alpha, '.0f')}{'' if alpha is None else '%'}",
         f"TTFT {_num(stats.get('ttft_s'), '.2f')} s",
     ]
-    parts += [f"{value} {DRAFTER_INFO_LABELS.get(key, key)}" for key, value in (stats.get("drafter") or {}).items()]
+    parts += [drafter_figure(key, value, _SOURCE_WORDS) for key, value in (stats.get("drafter") or {}).items()]
     if finish_reason is None:  # no "running" mark: a stopped run's last line must not claim it
         return " · ".join(parts)
     done = {"eos": "done (end of text)", "length": "done (max new tokens)", "stop": "done (stop string)",

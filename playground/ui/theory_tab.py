@@ -29,6 +29,8 @@ MEASURED, FALLBACK, CONSTANT = ("measured on this device", "measured by the proj
 MEASURE_SIZES = sorted({*theory.DEFAULT_MEASURE_SIZES, MAX_SPECULATIVE_TOKENS + 1})
 """Tokens per forward timed on this device: K + 1 for K = 1, 2, 4, 8, 16."""
 ALPHAS = [i / 100 for i in range(0, 101)]
+SMOOTHED_NOTE = " (made non-decreasing in n)"
+"""What ``VerifyCost.monotone`` appends to a cost's source; the tab says it in words instead."""
 
 
 def _cost(mode: str, engine_key: str) -> tuple[theory.VerifyCost, theory.VerifyCost]:
@@ -57,7 +59,7 @@ def verify_cost_markdown(cost: theory.VerifyCost, raw: theory.VerifyCost, sizes=
     if raw.seconds:
         md += ("  \nTimings on a busy machine (another run, the benchmark, other programs) are noisy: "
                "press **Measure again** when it is quiet.")
-    return md + f"  \n_{html.escape(cost.source)}_"
+    return md + f"  \n_{html.escape(cost.source.replace(SMOOTHED_NOTE, ''))}_"
 
 
 def measured_points(summary: dict | None) -> list[dict]:
@@ -73,8 +75,8 @@ def measured_points(summary: dict | None) -> list[dict]:
         k = (d.get("params") or {}).get("k")
         label = d["label"] + (f" (K={k})" if k else "")
         speedup = st["tokens_per_s"] / base
-        points.append({"label": f"measured: {label}", "alpha": round(st["alpha"], 4), "speedup": round(speedup, 4),
-                       "text": f"{label}: α {st['alpha']:.2f}, {speedup:.2f}×"})
+        points.append({"label": f"measured: {label}", "method": m, "alpha": round(st["alpha"], 4),
+                       "speedup": round(speedup, 4), "text": f"measured: {label}: α {st['alpha']:.2f}, {speedup:.2f}×"})
     return points
 
 
@@ -99,8 +101,8 @@ def render(alpha, c, ks, cs, mode, summary, engine_key: str) -> tuple:
         verdict = "" if best > 1 else " **Speculation does not pay here: plain decoding is faster.**"
         md = (f"### Optimal K for α = {alpha:.2f}, c = {c:g}: **K = {best_k}** "
               f"(expected {best:.2f}×, τ = {tau:.2f}).{verdict}\n\n"
-              f"Expected tokens per step (1 − α^(K+1)) / (1 − α); cost K·c + verify_cost(K+1) in single-token "
-              f"target forwards (Leviathan et al. 2023).\n\n"
+              f"Expected tokens per step (1 − α^(K+1)) / (1 − α); cost per step K·c + (verify cost of K + 1 "
+              f"tokens), in single-token target forwards (Leviathan et al. 2023).\n\n"
               + verify_cost_markdown(cost, raw))
         if not curves:
             md = "Tick at least one K and one c to draw curves.\n\n" + md
@@ -129,8 +131,8 @@ def build(engine, last_run: gr.State, tab: gr.Tab) -> None:
                 "alpha, for several K (tokens drafted per step) and draft costs c (one drafted token's cost as a "
                 "fraction of one target forward). The verification cost of K + 1 tokens is measured on this device; "
                 "on a GPU it stays near one forward, on a CPU it grows with K. Timings on a busy machine are "
-                "noisy, so the cost is shown non-decreasing (more tokens never cost less). Diamonds: the last "
-                "run's methods.")
+                "noisy, so the cost is shown non-decreasing (more tokens never cost less). Grey lines: the "
+                "formula; coloured markers: the last run's methods as measured (one marker and legend entry each).")
     with gr.Row():
         with gr.Column(scale=1, min_width=280):
             alpha = gr.Slider(0.0, 1.0, value=0.7, step=0.01, label="Acceptance rate α (for the optimal K)",

@@ -147,7 +147,7 @@ def build(session: VLLMSession, engine) -> None:
     """Lay out the vLLM tab inside the current Blocks/Tab (``engine`` builds the prompts: its
     tokenizer and chat template, as the built-in panels use)."""
     methods = session.methods()
-    gr.Markdown("Every method on its own vLLM server (docs/vllm.md). " + html.escape(TIMING.capitalize()) + ".")
+    gr.Markdown("Every method on its own vLLM server. " + html.escape(TIMING.capitalize()) + ".")
     with gr.Row():
         chosen = gr.CheckboxGroup(methods, value=[m for m in methods if m in vm.SUPPORTED], label="Methods",
                                   elem_id="vllm-methods")

@@ -1,0 +1,176 @@
+"""What the page's numbers mean: the "How to read this" guide beside the legend, and the verdict
+line shown when a run ends.
+
+Both are plain strings built from plain data: :func:`reading_guide_html` from the token sources
+the legend lists, :func:`run_verdict` from a finished run's summary (``_RunView.summary()`` in
+:mod:`.app`). Nothing here imports gradio or runs a model.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Iterable, Mapping
+
+from playground.engine import BASELINE, METHODS, is_lossless
+
+from . import render
+
+GUIDE_TERMS: tuple[tuple[str, str], ...] = (
+    ("tok/s", "new tokens per second, counting only that method's own steps (prompt processing included)."),
+    ("speedup (×)", "a method's tokens per second divided by the baseline's (Autoregressive, plain decoding "
+                    "one token per target pass) in the same run: 1.50× means 50% faster."),
+    ("steps", "passes of the target model over the candidates; every step emits at least one token."),
+    ("τ (tau)", "mean tokens emitted per step, the bonus token included: 1.00 for plain decoding, 2.50 when "
+                "each target pass yields two and a half tokens on average. Higher is better."),
+    ("α (alpha)", "acceptance rate: guessed tokens the target accepted ÷ guessed tokens proposed "
+                  "(a tree counts all its nodes). Shown as a percentage."),
+    ("TTFT", "time to first token, in seconds: reading the prompt (prefill) and emitting the first new token."),
+)
+"""The stats line's terms and what each means, in the order the stats line shows them."""
+
+LOSSLESS_TEXT = ("It compares each method's output with the baseline's, token for token, under "
+                 "greedy decoding (temperature 0): a lossless method must produce exactly the baseline's text. "
+                 "“Near tie” means the first difference is where the target's two best tokens were almost equally "
+                 "likely, so rounding in reduced precision can pick either: not a bug. Under sampling, and for "
+                 "methods that are not lossless by design, there is no token-for-token check.")
+
+COLOUR_TEXT = ("Each token's background says where it came from. Pale blue: the target model's own token, the one "
+               "every step adds (after the accepted guesses, or in place of the first rejected one). Any other "
+               "colour: a guess by a drafter (named in the legend above) that the target checked and accepted. "
+               "Hover a token to see its source.")
+
+
+def reading_guide_html(sources: Iterable[str], labels: Mapping[str, str]) -> str:
+    """The collapsible "How to read this" guide (``#reading-guide``): colours, the stats line's terms
+    (tok/s, speedup, steps, τ, α, TTFT) and what the lossless check compares.
+
+    Args:
+        sources: token sources the legend lists (e.g. ``legend_sources(engine)``).
+        labels: source -> legend text (``source_labels()``).
+    """
+    sources = list(dict.fromkeys(sources))
+    swatches = "".join(  # the target's colour and one drafter's, as examples; the legend lists them all
+        f'<li><span class="guide-swatch" style="background:{render.source_color(s)}"></span>'
+        f"{html.escape(render.source_label(s, labels))}</li>" for s in sources[:2])
+    terms = "".join(f"<dt>{html.escape(t)}</dt><dd>{html.escape(d)}</dd>" for t, d in GUIDE_TERMS)
+    return ('<details id="reading-guide" class="reading-guide"><summary>How to read this</summary>'
+            '<div class="guide-body">'
+            f"<p><b>Colours.</b> {html.escape(COLOUR_TEXT)}</p><ul class=\"guide-colours\">{swatches}</ul>"
+            f'<p><b>The line under each panel.</b></p><dl class="guide-terms">{terms}</dl>'
+            f"<p><b>Lossless check.</b> {html.escape(LOSSLESS_TEXT)}</p>"
+            "<p>When a run ends, the line under Run names the fastest method.</p></div></details>")
+
+
+def legend_with_guide_html(sources: Iterable[str], labels: Mapping[str, str]) -> str:
+    """The page's legend (``render.legend_html``) with the guide right under it."""
+    sources = list(sources)
+    return render.legend_html(sources, labels) + reading_guide_html(sources, labels)
+
+
+GUIDE_CSS = """
+.reading-guide { font-size: 14px; margin: 2px 0 6px 0; }
+.reading-guide summary { cursor: pointer; font-weight: 600; }
+.reading-guide .guide-body { max-width: 980px; padding: 4px 4px 0 18px; }
+.reading-guide ul.guide-colours { list-style: none; padding: 0; margin: 4px 0; display: flex; gap: 18px; }
+.reading-guide .guide-swatch { display: inline-block; width: 12px; height: 12px; border-radius: 3px;
+                               border: 1px solid #9ca3af; margin-right: 6px; vertical-align: -1px; }
+.reading-guide dl.guide-terms { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px; margin: 4px 0; }
+.reading-guide dt { font-weight: 600; } .reading-guide dd { margin: 0; }
+"""
+"""CSS of the guide (the page adds it to its own)."""
+
+
+# ----- the verdict ---------------------------------------------------------------------------------
+def _speed(stats: Mapping) -> float:
+    return float(stats.get("tokens_per_s") or 0.0)
+
+
+def _tau(stats: Mapping) -> str:
+    tau = stats.get("tau")
+    return "" if tau is None else f", τ {tau:.2f}"
+
+
+def _names(labels: list[str]) -> str:
+    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
+
+
+def lossless_verdict(summary: Mapping) -> str:
+    """The lossless half of the verdict: ``"all outputs identical to the baseline"``, which methods
+    differ, or why nothing was compared. Empty when only the baseline ran.
+
+    Reads each method's ``lossless`` (``"match"``, ``"near_tie"``, ``"mismatch"`` or None when not
+    checked), ``params`` and ``finish_reason``, and the summary's ``greedy``.
+    """
+    methods = summary.get("methods") or {}
+    others = {m: d for m, d in methods.items() if m != BASELINE}
+    if not others:
+        return ""
+    if BASELINE not in methods:
+        return "no baseline ran, so no output was compared"
+    if not summary.get("greedy", True):
+        return "sampling: outputs are not compared token for token"
+    checkable = {m: d for m, d in others.items() if m in METHODS and is_lossless(m, d.get("params") or {})}
+    by_kind: dict[str, list[str]] = {}
+    for m, d in checkable.items():
+        by_kind.setdefault(d.get("lossless") or "unchecked", []).append(d["label"])
+    skipped = [d["label"] for m, d in others.items() if m not in checkable]
+    parts = []
+    if by_kind.get("match"):
+        everyone = len(by_kind["match"]) == len(others)
+        parts.append("all outputs identical to the baseline" if everyone
+                     else f"{_names(by_kind['match'])} identical to the baseline")
+    if by_kind.get("near_tie"):
+        parts.append(f"{_names(by_kind['near_tie'])} differ{'s' if len(by_kind['near_tie']) == 1 else ''} "
+                     "only at a near tie")
+    if by_kind.get("mismatch"):
+        parts.append(f"{_names(by_kind['mismatch'])} differ{'s' if len(by_kind['mismatch']) == 1 else ''} "
+                     "from the baseline")
+    if by_kind.get("unchecked"):
+        parts.append(f"{_names(by_kind['unchecked'])} not checked (stopped early)")
+    if skipped:
+        parts.append(f"{_names(skipped)} not checked (not lossless by design)")
+    return "; ".join(parts)
+
+
+def run_verdict(summary: Mapping | None) -> str:
+    """One line summing up a finished run, e.g. ``"Fastest: Prompt lookup, 1.24× the baseline, τ 1.86;
+    all outputs identical to the baseline."``
+
+    Args:
+        summary: ``_RunView.summary()``: ``{"baseline_tokens_per_s", "greedy", "methods": {method:
+            {"label", "params", "stats", "lossless", "finish_reason"}}}``.
+
+    Returns:
+        the line; empty when no method produced a token.
+    """
+    methods = {m: d for m, d in ((summary or {}).get("methods") or {}).items() if _speed(d.get("stats") or {}) > 0}
+    if not methods:
+        return ""
+    base = (summary or {}).get("baseline_tokens_per_s")
+    others = {m: d for m, d in methods.items() if m != BASELINE}
+    if not others:
+        head = (f"Only the baseline ran ({_speed(methods[BASELINE]['stats']):.1f} tokens/s): tick a speculative "
+                "method to compare")
+    else:
+        best = max(others, key=lambda m: _speed(others[m]["stats"]))
+        d = others[best]
+        if base:
+            ratio = _speed(d["stats"]) / base
+            if ratio >= 1 or len(others) == 1:
+                head = f"Fastest: {d['label']}, {ratio:.2f}× the baseline{_tau(d['stats'])}"
+            else:
+                head = (f"No method beat the baseline; the closest: {d['label']}, {ratio:.2f}× the baseline"
+                        f"{_tau(d['stats'])}")
+            if ratio < 1 and len(others) == 1:
+                head += " (slower than plain decoding)"
+        else:
+            head = (f"Fastest: {d['label']}, {_speed(d['stats']):.1f} tokens/s{_tau(d['stats'])} "
+                    "(tick Autoregressive to see speedups)")
+    tail = lossless_verdict(summary or {})
+    return head + (f"; {tail}" if tail else "") + "."
+
+
+def verdict_html(summary: Mapping | None) -> str:
+    """The verdict as a line under the status pill (``#run-verdict``); empty when there is none."""
+    text = run_verdict(summary)
+    return f'<div id="run-verdict" style="margin-top:4px;font-size:14px">{html.escape(text)}</div>' if text else ""
