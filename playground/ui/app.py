@@ -222,6 +222,18 @@ def _message_only(text: str) -> tuple:
     return (text,) + (gr.skip(),) * (3 * len(METHODS) + 4)
 
 
+def _reading_status(view: _RunView, prompt_tokens: int, labels: str) -> str:
+    """The status while the methods read the prompt (each prefills it in turn, in page order),
+    then while they generate."""
+    waiting = [m for m in view.chosen if view.outputs[m].last is None]
+    size = render.plural(prompt_tokens, "token")
+    if not waiting:
+        return render.status_html("running", f"Running {labels} on a prompt of {size}…")
+    i = len(view.chosen) - len(waiting) + 1
+    return render.status_html("running", f"Reading the prompt ({size}) for {METHODS[waiting[0]].label}: "
+                                         f"method {i} of {len(view.chosen)}…")
+
+
 def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[tuple]:
     """The ``/run`` handler: stream every chosen method's text, stats, badge and the charts.
 
@@ -255,7 +267,7 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
         labels = ", ".join(METHODS[s.name].label for s in specs)
         start = last = last_chart = time.perf_counter()
         events = stream(worker.register(engine), prompt, worker.spec_dicts(specs), worker.settings_dict(settings))
-        stopped = False
+        stopped, prompt_tokens = False, 0
         for event in events:
             if stop is not None and stop.is_set():
                 stopped = True
@@ -265,13 +277,15 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
                 yield _message_only(render.status_html("warning", event["message"]))
                 return
             if event["type"] == "start":
-                view.status = render.status_html(
-                    "running", f"Running {labels} on a prompt of {render.plural(event['prompt_tokens'], 'token')}…")
+                prompt_tokens = event["prompt_tokens"]
+                view.status = _reading_status(view, prompt_tokens, labels)
                 yield view.values()
                 start = last = last_chart = time.perf_counter()
                 continue
             first = view.outputs[event["method"]].last is None
             view.add(event)
+            if first:  # prefill progress: which method reads the prompt now
+                view.status = _reading_status(view, prompt_tokens, labels)
             now = time.perf_counter()
             if now - last_chart >= CHART_REFRESH_S or event["finished"]:
                 view.refresh_figures()

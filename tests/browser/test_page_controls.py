@@ -6,6 +6,7 @@ disabled while a run is in flight, and no error pill. Skipped when chromium or P
 from __future__ import annotations
 
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -123,5 +124,35 @@ def test_typed_values_are_corrected_once_with_a_message_and_bad_options_are_not_
         choices = page.evaluate("() => window.gradio_config.components.find("
                                 "c => c.props.elem_id === 'draft_model-proposer').props.choices")
         assert [c[1] if isinstance(c, list) else c for c in choices] == ["model"]
+    finally:
+        page.close()
+
+
+@pytest.mark.real_model
+def test_a_long_prompt_shows_which_method_reads_it(browser, url):  # noqa: F811
+    """A prompt of a few thousand tokens: while the methods prefill it in turn, the status says so
+    ("Reading the prompt (N tokens) for <method>: method i of n…"), then the run goes on."""
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(url)
+        expect(page.locator("#prompt textarea")).to_be_visible(timeout=60_000)
+        passage = " ".join(f"Station {i} lies on the river, {i * 3} km from the sea." for i in range(220))
+        page.locator("#prompt textarea").fill(passage + "\nWhich station is 30 km from the sea?")
+        for box in page.locator("[id^=use-] input[type=checkbox]").all():
+            if box.is_enabled():
+                box.uncheck()
+        for m in METHODS:
+            page.locator(f"#use-{m} input[type=checkbox]").check()
+        page.get_by_text("Generation settings", exact=True).click()
+        max_new = page.locator("#gen-max_new_tokens input[type=number]")
+        max_new.fill("4")
+        max_new.press("Enter")
+        expect(max_new).to_have_value("4")
+        page.locator("#run").click()
+        expect(page.locator("#status")).to_contain_text(
+            re.compile(r"Reading the prompt \([\d,]+ tokens\) for [A-Z][a-z ]+: method [123] of 3…"), timeout=120_000)
+        expect(page.locator("#status")).to_contain_text("Done", timeout=240_000)
     finally:
         page.close()
