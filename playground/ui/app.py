@@ -61,13 +61,14 @@ as fit, wrapping ones keep the same width (a wrapped flex row would stretch a lo
 
 
 def launch_options() -> dict[str, Any]:
-    """Keyword arguments for ``demo.launch()``: theme and CSS (Gradio 6 takes them there).
+    """Keyword arguments for ``demo.launch()``: theme and CSS (Gradio 6 takes them there), and the
+    upload size limit of the Benchmark tab (``max_file_size``).
 
     The theme names only system fonts, so the page makes no request outside the server.
     """
     theme = gr.themes.Default(primary_hue="blue", font=["ui-sans-serif", "system-ui", "sans-serif"],
                               font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
-    return {"theme": theme, "css": PAGE_CSS}
+    return {"theme": theme, "css": PAGE_CSS, **bench_tab.launch_options()}
 
 
 def load_examples(path: Path = EXAMPLES_PATH) -> list[dict]:
