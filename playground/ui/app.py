@@ -61,8 +61,8 @@ as fit, wrapping ones keep the same width (a wrapped flex row would stretch a lo
 
 
 def launch_options() -> dict[str, Any]:
-    """Keyword arguments for ``demo.launch()``: theme and CSS (Gradio 6 takes them there), and the
-    upload size limit of the Benchmark tab (``max_file_size``).
+    """Keyword arguments for ``demo.launch()``: theme and CSS (Gradio 6 takes them there), the
+    upload size limit of the Benchmark tab and ``show_error`` (see ``bench_tab.launch_options``).
 
     The theme names only system fonts, so the page makes no request outside the server.
     """

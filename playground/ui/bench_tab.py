@@ -56,8 +56,11 @@ CATEGORY_TITLES = {"qa": "QA", "rag": "RAG", "stem": "STEM", "humaneval": "Human
 
 
 def launch_options() -> dict:
-    """The tab's keyword arguments for ``demo.launch()``: the upload size limit."""
-    return {"max_file_size": MAX_UPLOAD_BYTES}
+    """Keyword arguments for ``demo.launch()`` that guard the server: the upload size limit, and
+    ``show_error`` so that a request Gradio refuses before any handler runs (an API call with
+    missing inputs) is answered with Gradio's message instead of an error without text (every
+    handler of the page catches its own errors and shows them as warnings)."""
+    return {"max_file_size": MAX_UPLOAD_BYTES, "show_error": True}
 
 
 def category_title(category: str) -> str:
