@@ -34,6 +34,7 @@ from playground.engine import SamplingConfig
 
 from . import advisor_tab, bench_tab, charts, insight, medusa_panel, render, theory_tab, worker
 from .knobs import knob_input
+from .toast import warning
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +298,7 @@ def run_comparison(engine: Engine, *values, stream=None) -> Iterator[tuple]:
         try:
             prompt, specs, settings = _parse(values)
         except ValueError as e:
-            gr.Warning(str(e))
+            warning(str(e))
             yield _message_only(render.status_html("warning", str(e)))
             return
         view = _RunView(engine, specs, settings)
@@ -306,7 +307,7 @@ def run_comparison(engine: Engine, *values, stream=None) -> Iterator[tuple]:
         events = stream(worker.register(engine), prompt, worker.spec_dicts(specs), worker.settings_dict(settings))
         for event in events:
             if event["type"] == "warning":  # the engine's checks before the first step
-                gr.Warning(event["message"])
+                warning(event["message"])
                 yield _message_only(render.status_html("warning", event["message"]))
                 return
             if event["type"] == "start":
@@ -330,11 +331,11 @@ def run_comparison(engine: Engine, *values, stream=None) -> Iterator[tuple]:
         view.refresh_figures()
         yield view.values(final=True)
     except ValueError as e:  # the engine's checks before the first step
-        gr.Warning(str(e))
+        warning(str(e))
         yield _message_only(render.status_html("warning", str(e)))
     except Exception as e:  # never let a run take the server down
         log.exception("run failed")
-        gr.Warning(f"Unexpected error: {type(e).__name__}: {e}")
+        warning(f"Unexpected error: {type(e).__name__}: {e}")
         yield _message_only(render.status_html(
             "error", f"Unexpected error: {type(e).__name__}: {e}. The server is still running: "
                      "try again or change the settings."))

@@ -27,6 +27,7 @@ from playground.engine import BASELINE, METHODS, Knob, MethodSpec
 
 from . import charts, render, worker
 from .knobs import knob_input
+from .toast import warning
 
 SETS = {"Spec-Bench dev (bundled)": "spec_bench", "HumanEval dev (bundled)": "humaneval"}
 UPLOAD = "Upload a JSONL file"
@@ -291,7 +292,7 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
             values = dict(zip([(m, k.name) for m, k in knob_keys()], knob_values))
             specs = [MethodSpec(m, {k.name: values[(m, k.name)] for k in METHODS[m].knobs}) for m in names]
         except (bench.BenchError, ValueError, TypeError) as e:
-            gr.Warning(str(e))
+            warning(str(e))
             yield warn(str(e))
             return
         total = sum(len(q.turns) for q in questions) * len(specs)
@@ -308,7 +309,7 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
                                    f"{render.plural(len(questions), 'question')}…"), bar, *(gr.skip(),) * 6)
                 continue
             if item["type"] == "warning":
-                gr.Warning(item["message"])
+                warning(item["message"])
                 yield warn(item["message"])
                 return
             if item["type"] == "skip":
@@ -326,7 +327,7 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
                                    f"(greedy, max new tokens {max_new})."), progress_html(done, total, "done"),
                        records, _write_files(records, folder) if records else (None, None))
     except Exception as e:  # never let a benchmark take the server down
-        gr.Warning(f"Unexpected error: {type(e).__name__}: {e}")
+        warning(f"Unexpected error: {type(e).__name__}: {e}")
         yield warn(f"Unexpected error: {type(e).__name__}: {e}")
 
 

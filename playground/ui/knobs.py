@@ -16,6 +16,8 @@ from __future__ import annotations
 import gradio as gr
 from gradio.components.number import Number
 
+from .toast import warning
+
 NUMBER_BOX_RANGE = 10_000
 """Knobs with a wider range than this get a number box instead of a slider (the seed)."""
 
@@ -77,7 +79,7 @@ def knob_input(knob, elem_id: str, interactive: bool = True, value=None, label: 
     def warn(v):
         message = out_of_range_message(knob, label, v)
         if message:
-            gr.Warning(message)
+            warning(message)
 
     # Queued (toasts need the queue) but never waiting behind a run: no concurrency limit.
     box.input(warn, box, None, api_visibility="private", show_progress="hidden", concurrency_limit=None,
