@@ -92,14 +92,14 @@ def upload_name(upload) -> str:
 
 def _user_message(error: Exception, upload) -> str:
     """A question-file error as the page shows it: the server's upload path replaced by the name of
-    the file the user chose, ``name:3: ...`` as ``name, line 3: ...``."""
+    the file the user chose, ``name:3: ...`` and ``name: line 3: ...`` as ``name, line 3: ...``."""
     text = str(error)
     if upload:
         name = upload_name(upload)
         for path in (str(upload), os.path.dirname(str(upload))):
             if path:
                 text = text.replace(repr(path), repr(name)).replace(path, name)
-        text = re.sub(re.escape(name) + r":(\d+):", lambda m: f"{name}, line {m.group(1)}:", text)
+        text = re.sub(re.escape(name) + r":(?: line)? ?(\d+):", lambda m: f"{name}, line {m.group(1)}:", text)
     return text
 
 
@@ -242,6 +242,18 @@ def status_text(text: str) -> str:
     return f'<span class="bench-status-text">{html.escape(text)}</span>'
 
 
+def _checked(knob: Knob, value):
+    """``knob.check(value)``, its message naming the knob by its page label.
+
+    Raises:
+        ValueError: out of range or not a number (``Questions per category must be in [1, 40], got 0``).
+    """
+    try:
+        return knob.check(value)
+    except ValueError as e:
+        raise ValueError(str(e).replace(knob.name, knob.label, 1)) from None
+
+
 def knob_keys() -> list[tuple[str, Knob]]:
     """``(method, knob)`` of each knob input of the tab, in order."""
     return [(m, k) for m, info in METHODS.items() for k in info.knobs]
@@ -267,8 +279,8 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
     warn = (lambda msg: (f'<span class="bench-warning">⚠ {html.escape(msg)}</span>', gr.skip(), *(gr.skip(),) * 6))
     try:
         try:
-            per_cat = int(PER_CATEGORY_KNOB.check(per_category))
-            max_new = int(NEW_TOKENS_KNOB.check(max_new_tokens))
+            per_cat, max_new = (int(_checked(k, v)) for k, v in ((PER_CATEGORY_KNOB, per_category),
+                                                                 (NEW_TOKENS_KNOB, max_new_tokens)))
             every = read_questions(set_name, upload)  # the file first: its own error, not "no category"
             if isinstance(categories, str):
                 categories = [categories]
