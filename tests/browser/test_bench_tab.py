@@ -102,14 +102,18 @@ def test_defaults_labels_and_upload_errors(page, tmp_path):
 
     # A broken file: its own name and the line at fault, never the server's upload folder.
     broken = tmp_path / "my questions.jsonl"
-    broken.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["Hi"]}) + "\n{not json\n")
+    broken.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["Hi"]}) + "\n"
+                      + json.dumps({MARKUP: 1}) + "\n")  # line 2 is neither format; its key is markup
     _upload(page, broken)
-    expect(page.locator("#bench-categories")).to_contain_text("my questions.jsonl, line 2", timeout=30_000)
+    cats = page.locator("#bench-categories")
+    expect(cats).to_contain_text("my questions.jsonl, line 2", timeout=30_000)
     page.locator("#bench-run").click()
     status = page.locator("#bench-status")
-    expect(status).to_contain_text("my questions.jsonl, line 2: not valid JSON", timeout=30_000)
-    for shown in (status.inner_text(), page.locator("#bench-categories").inner_text()):
+    expect(status).to_contain_text("my questions.jsonl, line 2: neither a Spec-Bench row", timeout=30_000)
+    for where in (status, cats):
+        shown = where.inner_text()
         assert "/tmp" not in shown and "gradio" not in shown, shown
+        assert MARKUP in shown and where.locator("b").count() == 0, f"the file's markup rendered: {shown}"
 
 
 
