@@ -339,8 +339,9 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
                                    f"(greedy, max new tokens {max_new})."), progress_html(done, total, "done"),
                        records, _write_files(records, folder) if records else (None, None))
     except Exception as e:  # never let a benchmark take the server down
-        warning(f"Unexpected error: {type(e).__name__}: {e}")
-        yield warn(f"Unexpected error: {type(e).__name__}: {e}")
+        message = f"Unexpected error: {type(e).__name__}: {_user_message(e, upload)}"
+        warning(message)
+        yield warn(message)
 
 
 def _category_options(categories: list[str]) -> list[tuple[str, str]]:
