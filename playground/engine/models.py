@@ -292,9 +292,12 @@ def load_model(spec: str, device: str | torch.device = "auto", dtype: str | torc
     dt = resolve_dtype(dtype, dev)
 
     def fetch(source: str, offline: bool):
+        # Never code from the checkpoint (trust_remote_code), never a pickle that can run code
+        # (weights_only: a .bin is unpickled with torch's restricted loader; safetensors first).
         return (AutoModelForCausalLM.from_pretrained(source, dtype=dt, attn_implementation=attn_implementation,
-                                                     local_files_only=offline),
-                AutoTokenizer.from_pretrained(source, local_files_only=offline))
+                                                     local_files_only=offline, trust_remote_code=False,
+                                                     weights_only=True),
+                AutoTokenizer.from_pretrained(source, local_files_only=offline, trust_remote_code=False))
 
     _stage(progress, 0.0, f"locating model {spec!r}")
     source = None

@@ -36,6 +36,7 @@ from . import step_inspector, theory_tab, wording, worker
 from .inputs import STOP_INPUT, _parse, input_names, model_settings_note, run_arguments, stop_lines  # noqa: F401
 from .knobs import knob_input
 from .run_control import StopSignals
+from .toast import warning
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +67,14 @@ ones keep the same width (a wrapped flex row would stretch a lone last panel).""
 
 
 def launch_options() -> dict[str, Any]:
-    """Keyword arguments for ``demo.launch()``: theme and CSS (Gradio 6 takes them there).
+    """Keyword arguments for ``demo.launch()``: theme and CSS (Gradio 6 takes them there), the
+    upload size limit of the Benchmark tab and ``show_error`` (see ``bench_tab.launch_options``).
 
     The theme names only system fonts, so the page makes no request outside the server.
     """
     theme = gr.themes.Default(primary_hue="blue", font=["ui-sans-serif", "system-ui", "sans-serif"],
                               font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
-    return {"theme": theme, "css": PAGE_CSS + step_inspector.STEP_CSS + guide.GUIDE_CSS}
+    return {"theme": theme, "css": PAGE_CSS + step_inspector.STEP_CSS + guide.GUIDE_CSS, **bench_tab.launch_options()}
 
 
 def load_examples(path: Path = EXAMPLES_PATH) -> list[dict]:
@@ -260,7 +262,7 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
         try:
             prompt, specs, settings = _parse(values)
         except ValueError as e:
-            gr.Warning(str(e))
+            warning(str(e))
             yield _message_only(render.status_html("warning", str(e)))
             return
         view = _RunView(engine, specs, settings, prompt)
@@ -273,7 +275,7 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
                 stopped = True
                 break
             if event["type"] == "warning":  # the engine's checks before the first step
-                gr.Warning(event["message"])
+                warning(event["message"])
                 yield _message_only(render.status_html("warning", event["message"]))
                 return
             if event["type"] == "start":
@@ -306,11 +308,11 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
         view.refresh_figures()
         yield view.values(final=True)
     except ValueError as e:  # the engine's checks before the first step
-        gr.Warning(str(e))
+        warning(str(e))
         yield _message_only(render.status_html("warning", str(e)))
     except Exception as e:  # never let a run take the server down
         log.exception("run failed")
-        gr.Warning(f"Unexpected error: {type(e).__name__}: {e}")
+        warning(f"Unexpected error: {type(e).__name__}: {e}")
         yield _message_only(render.status_html(
             "error", f"Unexpected error: {type(e).__name__}: {e}. The server is still running: "
                      "try again or change the settings."))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import csv
 import html
+import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +27,7 @@ from playground.engine import BASELINE, METHODS, Knob, MethodSpec
 
 from . import charts, render, worker
 from .knobs import knob_input
+from .toast import warning
 
 SETS = {"Spec-Bench dev (bundled)": "spec_bench", "HumanEval dev (bundled)": "humaneval"}
 UPLOAD = "Upload a JSONL file"
@@ -33,30 +36,112 @@ MAX_PAGE_QUESTIONS = 40
 """Most questions one benchmark from the page may run (the CLI has no such bound)."""
 MAX_PAGE_NEW_TOKENS = 512
 """Most new tokens per run in a benchmark from the page."""
-LIMIT_KNOB = Knob("limit", "Questions (first N, after the categories)", 1, MAX_PAGE_QUESTIONS, 2,
-                  info="Keeps the first N questions in file order, as the CLI's --limit.")
+MAX_UPLOAD_BYTES = 5 * 1024 * 1024
+"""Largest question file the tab accepts (5 MiB: the whole of Spec-Bench is under 1 MiB). Gradio
+refuses larger uploads itself (``launch(max_file_size=...)``, see :func:`launch_options`) and
+:func:`questions_path` checks again for API clients."""
+PER_CATEGORY_KNOB = Knob("per_category", "Questions per category", 1, MAX_PAGE_QUESTIONS, 2,
+                         info="The first N questions of each ticked category, in the file's order, so every "
+                              "category is sampled alike.")
 NEW_TOKENS_KNOB = Knob("max_new_tokens", "Max new tokens", 1, MAX_PAGE_NEW_TOKENS, 64,
                        info="Per run; greedy decoding, so lossless methods can be checked.")
 DETAIL_HEADER = ["category", *bench.TABLE_HEADER]
+"""Columns of :func:`tables`' detail lines (the benchmark's printed table, with the category first)."""
+COLUMN_TITLES = {"method": "Method", "category": "Category", "runs": "Runs", "tokens": "New tokens",
+                 "tokens/s": "Tokens/s", "speedup": "Speedup", "overall speedup": "Overall speedup",
+                 "tau": "τ (tokens per step)", "alpha": "α (acceptance rate)", "lossless": "Lossless",
+                 "device": "GPU", "model": "Model", "mean_accepted_tokens": "τ (mean accepted tokens)",
+                 "overall_speedup": "Overall speedup"}
+"""Page titles of the table columns (the benchmark's own column names are short ids)."""
+CATEGORY_TITLES = {"qa": "QA", "rag": "RAG", "stem": "STEM", "humaneval": "HumanEval", "mt_bench": "MT-bench"}
+
+
+def launch_options() -> dict:
+    """Keyword arguments for ``demo.launch()`` that guard the server: the upload size limit, and
+    ``show_error`` so that a request Gradio refuses before any handler runs (an API call with
+    missing inputs) is answered with Gradio's message instead of an error without text (every
+    handler of the page catches its own errors and shows them as warnings)."""
+    return {"max_file_size": MAX_UPLOAD_BYTES, "show_error": True}
+
+
+def category_title(category: str) -> str:
+    """A category as the page shows it: ``math_reasoning`` -> ``math reasoning``, ``qa`` -> ``QA``."""
+    c = str(category)
+    return CATEGORY_TITLES.get(c, c.replace("_", " "))
+
+
+def column_title(name: str) -> str:
+    """A column name as the page shows it (``overall speedup`` -> ``Overall speedup``,
+    ``math_reasoning speedup`` -> ``Math reasoning speedup``)."""
+    if name in COLUMN_TITLES:
+        return COLUMN_TITLES[name]
+    text = category_title(name.removesuffix(" speedup")) + (" speedup" if name.endswith(" speedup") else "")
+    return text[:1].upper() + text[1:]
+
+
+def method_title(method: str) -> str:
+    """A method's page label (``prompt_lookup`` -> ``Prompt lookup``); unknown names stay as they are."""
+    return METHODS[method].label if method in METHODS else str(method)
+
+
+def upload_name(upload) -> str:
+    """The name of the file the user chose (Gradio keeps it as the last part of its upload path),
+    never the server's folder."""
+    return Path(str(upload)).name or "the uploaded file"
+
+
+def _user_message(error: Exception, upload) -> str:
+    """A question-file error as the page shows it: the server's upload path replaced by the name of
+    the file the user chose, ``name:3: ...`` and ``name: line 3: ...`` as ``name, line 3: ...``."""
+    text = str(error)
+    if upload:
+        name = upload_name(upload)
+        for path in (str(upload), os.path.dirname(str(upload))):
+            if path:
+                text = text.replace(repr(path), repr(name)).replace(path, name)
+        text = re.sub(re.escape(name) + r":(?: line)? ?(\d+):", lambda m: f"{name}, line {m.group(1)}:", text)
+    return text
 
 
 def questions_path(set_name: str, upload: str | None) -> str:
     """The file (or built-in set name) ``bench.load_questions`` should read.
 
     Raises:
-        bench.BenchError: upload chosen but no file given.
+        bench.BenchError: upload chosen but no file given, or a file over :data:`MAX_UPLOAD_BYTES`
+            (the message names the file the user chose, never the server's path).
     """
     if set_name == UPLOAD:
         if not upload:
-            raise bench.BenchError("choose a JSONL file to upload (Spec-Bench or HumanEval rows)")
+            raise bench.BenchError("choose a file to upload: one JSON object a line, Spec-Bench questions "
+                                   "or HumanEval tasks")
+        try:
+            size = os.path.getsize(str(upload))
+        except OSError:
+            raise bench.BenchError(f"cannot read {upload_name(upload)!r}: upload it again") from None
+        if size > MAX_UPLOAD_BYTES:
+            raise bench.BenchError(f"{upload_name(upload)!r} is {size / 2**20:.1f} MiB; the largest question file "
+                                   f"the page takes is {MAX_UPLOAD_BYTES / 2**20:.0f} MiB")
         return str(upload)
     return SETS.get(set_name, "spec_bench")
+
+
+def read_questions(set_name: str, upload: str | None) -> list:
+    """Every question of the chosen set or uploaded file, in file order.
+
+    Raises:
+        bench.BenchError: as :func:`questions_path` and ``bench.read_questions``, the message naming
+            the file the user chose and the line at fault.
+    """
+    try:
+        return bench.read_questions(questions_path(set_name, upload))
+    except bench.BenchError as e:
+        raise bench.BenchError(_user_message(e, upload if set_name == UPLOAD else None)) from None
 
 
 def category_choices(set_name: str, upload: str | None) -> tuple[list[str], str]:
     """``(categories in file order, message)``; an unreadable file gives no categories and the reason."""
     try:
-        qs = bench.load_questions(questions_path(set_name, upload))
+        qs = read_questions(set_name, upload)
     except bench.BenchError as e:
         return [], str(e)
     cats = list(dict.fromkeys(q.category for q in qs))
@@ -81,13 +166,26 @@ def number_text(x) -> str:
 
 def table_value(header: list[str], lines: list[list]):
     """A read-only table's value: the numbers as they are (``value["data"]``), shown formatted
-    through a pandas Styler (Gradio's display values): speedups ``1.47×``, others ``1.20``."""
+    through a pandas Styler (Gradio's display values): speedups ``1.47×``, others ``1.20``.
+
+    ``header`` holds the benchmark's column names (``tau``, ``writing speedup``); the table shows
+    them as :func:`column_title` words, and method names as their page labels."""
     import pandas as pd
 
-    df = pd.DataFrame(lines, columns=header)
-    formats = {c: speedup_text if "speedup" in c else number_text for c in header
+    titles = [column_title(c) for c in header]
+    shown = [[method_title(v) if c == "method" else category_title(v) if c == "category" else v
+              for c, v in zip(header, line)] for line in lines]
+    df = pd.DataFrame(shown, columns=titles)
+    formats = {t: speedup_text if "speedup" in c else number_text for c, t in zip(header, titles)
                if c in ("speedup", "tau", "tokens/s") or c.endswith(" speedup")}
     return df.style.format(formats, na_rep="-").hide(axis="index")
+
+
+def _chart_rows(rows: list[dict]) -> list[dict]:
+    """Summary rows for the charts: page labels for methods, categories as page words, escaped
+    (Plotly reads tags such as ``<b>`` in labels; it shows ``&lt;b&gt;`` as the text ``<b>``)."""
+    return [{**r, "method": method_title(r["method"]),
+             "category": html.escape(category_title(r["category"]), quote=False)} for r in rows]
 
 
 def tables(records: list[dict]) -> tuple[list[dict], list[str], list[list], list[list]]:
@@ -131,9 +229,29 @@ def _outputs(status: str, bar, records: list[dict], files=(None, None)) -> tuple
     if not records:
         return (status, bar, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
     rows, header, lines, detail = tables(records)
-    return (status, bar, gr.Dataframe(value=table_value(header, lines), headers=header),
-            gr.Dataframe(value=table_value(DETAIL_HEADER, detail), headers=DETAIL_HEADER),
-            charts.bench_speedup_figure(rows), charts.bench_tau_figure(rows), files[0], files[1])
+    shown = _chart_rows(rows)
+    return (status, bar, gr.Dataframe(value=table_value(header, lines), headers=[column_title(c) for c in header]),
+            gr.Dataframe(value=table_value(DETAIL_HEADER, detail), headers=[column_title(c) for c in DETAIL_HEADER]),
+            charts.bench_speedup_figure(shown, baseline=method_title(BASELINE)), charts.bench_tau_figure(shown),
+            files[0], files[1])
+
+
+def status_text(text: str) -> str:
+    """The tab's status line: the text escaped (a question id or category from an uploaded file is
+    shown as it is, never as markup)."""
+    return f'<span class="bench-status-text">{html.escape(text)}</span>'
+
+
+def _checked(knob: Knob, value):
+    """``knob.check(value)``, its message naming the knob by its page label.
+
+    Raises:
+        ValueError: out of range or not a number (``Questions per category must be in [1, 40], got 0``).
+    """
+    try:
+        return knob.check(value)
+    except ValueError as e:
+        raise ValueError(str(e).replace(knob.name, knob.label, 1)) from None
 
 
 def knob_keys() -> list[tuple[str, Knob]]:
@@ -141,32 +259,52 @@ def knob_keys() -> list[tuple[str, Knob]]:
     return [(m, k) for m, info in METHODS.items() for k in info.knobs]
 
 
-def run_benchmark(engine, set_name, upload, categories, methods, limit, max_new_tokens, warmup,
+def run_benchmark(engine, set_name, upload, categories, methods, per_category, max_new_tokens, warmup,
                   *knob_values, stream=None) -> Iterator[tuple]:
     """The tab's Run handler: stream progress, the tables, the charts and the downloads.
 
-    Bad input (no file, unknown category, no method, a knob out of range, a method that cannot
-    run: the page's own inputs here, every run check in the runner) yields one warning message
-    and ends; it never raises.
+    Args:
+        set_name: a key of :data:`SETS` or :data:`UPLOAD`; ``upload``: the uploaded file's path.
+        categories: the ticked categories; ``methods``: the ticked method names.
+        per_category: questions per category (the first N of each, in file order).
+        max_new_tokens: per run; ``warmup``: run one untimed round first.
+        knob_values: the method knobs, in :func:`knob_keys` order.
+
+    Bad input (no file, a broken or too large file, unknown category, no method, a knob out of
+    range, too many questions, a method that cannot run: the page's own inputs here, every run
+    check in the runner) yields one warning message and ends; it never raises.
     """
     stream = stream or worker.BENCH
     records: list[dict] = []
     warn = (lambda msg: (f'<span class="bench-warning">⚠ {html.escape(msg)}</span>', gr.skip(), *(gr.skip(),) * 6))
     try:
         try:
-            limit = int(LIMIT_KNOB.check(limit))
-            max_new = int(NEW_TOKENS_KNOB.check(max_new_tokens))
+            per_cat, max_new = (int(_checked(k, v)) for k, v in ((PER_CATEGORY_KNOB, per_category),
+                                                                 (NEW_TOKENS_KNOB, max_new_tokens)))
+            every = read_questions(set_name, upload)  # the file first: its own error, not "no category"
+            if isinstance(categories, str):
+                categories = [categories]
             if not categories:
                 raise bench.BenchError("no category is ticked: choose at least one")
-            questions = bench.load_questions(questions_path(set_name, upload), list(categories), limit)
+            present = {q.category for q in every}
+            missing = [c for c in categories if c not in present]
+            if missing:
+                raise bench.BenchError(f"no questions in categories {', '.join(map(str, missing))}")
+            wanted = set(categories)
+            questions = bench.per_category([q for q in every if q.category in wanted], per_cat)
+            if len(questions) > MAX_PAGE_QUESTIONS:
+                raise bench.BenchError(f"that is {len(questions)} questions; a benchmark from the page runs at most "
+                                       f"{MAX_PAGE_QUESTIONS}: tick fewer categories or ask fewer per category")
+            if isinstance(methods, str):
+                methods = [methods]
             chosen = [m for m in METHODS if m in (methods or [])]
             if not chosen:
                 raise bench.BenchError("no method is ticked: choose at least one (the baseline is added)")
             names = bench.order_methods(chosen)
             values = dict(zip([(m, k.name) for m, k in knob_keys()], knob_values))
             specs = [MethodSpec(m, {k.name: values[(m, k.name)] for k in METHODS[m].knobs}) for m in names]
-        except (bench.BenchError, ValueError) as e:
-            gr.Warning(str(e))
+        except (bench.BenchError, ValueError, TypeError) as e:
+            warning(str(e))
             yield warn(str(e))
             return
         total = sum(len(q.turns) for q in questions) * len(specs)
@@ -179,58 +317,67 @@ def run_benchmark(engine, set_name, upload, categories, methods, limit, max_new_
             if item["type"] == "start":  # every run check passed
                 total = item["runs"]
                 bar = progress_html(0, total, "warming up…" if warmup else "starting…")
-                yield (f"Running {', '.join(names)} on {render.plural(len(questions), 'question')}…", bar,
-                       *(gr.skip(),) * 6)
+                yield (status_text(f"Running {', '.join(method_title(m) for m in names)} on "
+                                   f"{render.plural(len(questions), 'question')}…"), bar, *(gr.skip(),) * 6)
                 continue
             if item["type"] == "warning":
-                gr.Warning(item["message"])
+                warning(item["message"])
                 yield warn(item["message"])
                 return
             if item["type"] == "skip":
                 done += item["runs"]
-                yield (item["message"], progress_html(done, total, "skipped"), *(gr.skip(),) * 6)
+                yield (status_text(item["message"]), progress_html(done, total, "skipped"), *(gr.skip(),) * 6)
                 continue
             rec = item["record"]
             records.append(rec)
             done += 1
-            note = f"q {rec['question_id']} turn {rec['turn']} {rec['method']}: {rec['tokens_per_s']:.1f} tok/s"
-            yield _outputs(f"Running… {render.plural(len(records), 'record')}", progress_html(done, total, note), records,
-                           _write_files(records, folder))
-        yield _outputs(f"Done: {render.plural(len(records), 'record')} in {time.perf_counter() - t0:.0f} s (greedy, "
-                       f"max new tokens {max_new}).", progress_html(done, total, "done"), records,
-                       _write_files(records, folder) if records else (None, None))
+            note = (f"question {rec['question_id']}, turn {rec['turn'] + 1}, {method_title(rec['method'])}: "
+                    f"{rec['tokens_per_s']:.1f} tokens/s")
+            yield _outputs(status_text(f"Running… {render.plural(len(records), 'run')} done"),
+                           progress_html(done, total, note), records, _write_files(records, folder))
+        yield _outputs(status_text(f"Done: {render.plural(len(records), 'run')} in {time.perf_counter() - t0:.0f} s "
+                                   f"(greedy, max new tokens {max_new})."), progress_html(done, total, "done"),
+                       records, _write_files(records, folder) if records else (None, None))
     except Exception as e:  # never let a benchmark take the server down
-        gr.Warning(f"Unexpected error: {type(e).__name__}: {e}")
-        yield warn(f"Unexpected error: {type(e).__name__}: {e}")
+        message = f"Unexpected error: {type(e).__name__}: {_user_message(e, upload)}"
+        warning(message)
+        yield warn(message)
+
+
+def _category_options(categories: list[str]) -> list[tuple[str, str]]:
+    """``(page word, category)`` choices of the categories box."""
+    return [(category_title(c), c) for c in categories]
 
 
 def build(engine) -> None:
-    """Lay the tab out: question set, categories, methods and knobs, limit and max new tokens,
+    """Lay the tab out: question set, categories, methods (every loaded one ticked) and knobs,
+    questions per category (``#bench-per-category``) and max new tokens,
     Run (``#bench-run``) / Stop (``#bench-stop``), progress (``#bench-progress``), the leaderboard
     (``#bench-table``), the detail table (``#bench-detail``), charts (``#bench-speedup``, ``#bench-tau``),
     downloads (``#bench-csv``, ``#bench-jsonl``) and the published leaderboard (``#bench-reference``)."""
     available = [m for m in METHODS if engine.unavailable_reason(m) is None]
-    gr.Markdown("Runs the benchmark of `python -m playground.bench` on this machine (greedy decoding; each method's "
-                "clock counts only its own steps). Speedup is total tokens over total seconds against "
-                "autoregressive on the same questions; tau is total tokens over total steps.")
+    gr.Markdown("Runs a benchmark on this machine: the same questions through every ticked method, greedy "
+                "decoding, each method's clock counting only its own steps. Speedup is total tokens over total "
+                "seconds against autoregressive on the same questions; τ is total tokens over total steps.")
     cats0, note0 = category_choices(next(iter(SETS)), None)
     with gr.Row(equal_height=False):
         with gr.Column(scale=2):
             qset = gr.Radio([*SETS, UPLOAD], value=next(iter(SETS)), label="Questions", elem_id="bench-set")
             # Shown only while "Upload a JSONL file" is chosen.
-            upload = gr.File(label="JSONL: Spec-Bench rows (question_id, category, turns) or HumanEval rows "
+            upload = gr.File(label=f"Questions file (JSON Lines, at most {MAX_UPLOAD_BYTES // 2**20} MiB): "
+                                   "Spec-Bench questions (question_id, category, turns) or HumanEval tasks "
                                    "(task_id, prompt)", file_types=[".jsonl", ".json"], type="filepath",
                              elem_id="bench-upload", visible=qset.value == UPLOAD)
-            cats = gr.CheckboxGroup(cats0, value=cats0, label="Categories", info=note0, elem_id="bench-categories")
-            methods = gr.CheckboxGroup([(METHODS[m].label, m) for m in available],
-                                       value=[m for m in (BASELINE, "prompt_lookup") if m in available],
+            cats = gr.CheckboxGroup(_category_options(cats0), value=cats0, label="Categories", info=note0,
+                                    elem_id="bench-categories")
+            methods = gr.CheckboxGroup([(METHODS[m].label, m) for m in available], value=list(available),
                                        label="Methods (autoregressive always runs: it is the baseline)",
                                        elem_id="bench-methods")
         with gr.Column(scale=2):
-            limit = knob_input(LIMIT_KNOB, "bench-limit")
+            per_category = knob_input(PER_CATEGORY_KNOB, "bench-per-category")
             max_new = knob_input(NEW_TOKENS_KNOB, "bench-max-new-tokens")
-            warmup = gr.Checkbox(True, label="Warm-up round first (untimed, as the CLI's --warmup 1)",
-                                 elem_id="bench-warmup")
+            warmup = gr.Checkbox(True, label="Warm-up round first (untimed: every method once, so the first "
+                                             "timed run does not pay for start-up)", elem_id="bench-warmup")
             knob_inputs = []
             with gr.Accordion("Method settings", open=False):
                 for m, k in knob_keys():
@@ -240,10 +387,11 @@ def build(engine) -> None:
             with gr.Row():
                 run_btn = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="bench-stop")
-    status = gr.Markdown("", elem_id="bench-status")
+    status = gr.HTML("", elem_id="bench-status")
     bar = gr.HTML(progress_html(0, 0, "not started"), elem_id="bench-progress")
     gr.Markdown("### Results on this machine")
-    table = gr.Dataframe(headers=["method", "overall speedup", "tau", "tokens/s", "lossless"], value=None,
+    table = gr.Dataframe(headers=[column_title(c) for c in ("method", "overall speedup", "tau", "tokens/s",
+                                                            "lossless")], value=None,
                          label="Leaderboard (speedup per category and overall, as Spec-Bench lays it out)",
                          elem_id="bench-table", interactive=False, wrap=True)
     with gr.Row():
@@ -251,25 +399,25 @@ def build(engine) -> None:
                              show_label=False, elem_id="bench-speedup")
         tau_plot = gr.Plot(charts.empty_figure("Tau per method", "run a benchmark"), show_label=False,
                            elem_id="bench-tau")
-    detail = gr.Dataframe(headers=DETAIL_HEADER, value=None, label="Per category (the CLI's table)",
+    detail = gr.Dataframe(headers=[column_title(c) for c in DETAIL_HEADER], value=None, label="Per category",
                           elem_id="bench-detail", interactive=False, wrap=True)
     with gr.Row():
-        csv_file = gr.File(label="results.csv", elem_id="bench-csv", interactive=False)
-        jsonl_file = gr.File(label="results.jsonl (as the CLI writes)", elem_id="bench-jsonl", interactive=False)
+        csv_file = gr.File(label="Results as CSV", elem_id="bench-csv", interactive=False)
+        jsonl_file = gr.File(label="Results as JSON Lines (one record per run)", elem_id="bench-jsonl",
+                             interactive=False)
     header, rows = load_leaderboard()
     with gr.Accordion("Published Spec-Bench leaderboard: measured elsewhere on other hardware", open=False,
                       elem_id="bench-reference"):
         gr.Markdown("**For reference only: measured elsewhere on other hardware** (RTX 3090 and A100 GPUs, "
                     "Vicuna-7B/13B/33B-v1.3, fp16, greedy, batch 1, mean of 3 runs), not on this machine and not "
-                    "with this playground's models. Speedups per category over autoregressive; "
-                    "`mean_accepted_tokens` is tau. Source: Spec-Bench `Leaderboard.md` (Xia et al. 2024, "
-                    "github.com/hemingkx/Spec-Bench, Apache-2.0).")
-        gr.Dataframe(value=rows or None, headers=header or None, interactive=False, elem_id="bench-reference-table",
-                     wrap=True)
+                    "with this playground's models. Speedups per category over autoregressive. Source: the "
+                    "Spec-Bench leaderboard (Xia et al. 2024, github.com/hemingkx/Spec-Bench, Apache-2.0).")
+        gr.Dataframe(value=rows or None, headers=[column_title(c) for c in header] or None, interactive=False,
+                     elem_id="bench-reference-table", wrap=True)
 
     def refresh(set_name, up):
         choices, note = category_choices(set_name, up)
-        return gr.CheckboxGroup(choices=choices, value=choices, info=note)
+        return gr.CheckboxGroup(choices=_category_options(choices), value=choices, info=note)
 
     qset.change(lambda name, up: (refresh(name, up), gr.File(visible=name == UPLOAD)), [qset, upload],
                 [cats, upload], api_visibility="private", queue=False)
@@ -279,7 +427,7 @@ def build(engine) -> None:
     def run(*values):
         yield from run_benchmark(engine, *values)
 
-    event = run_btn.click(run, [qset, upload, cats, methods, limit, max_new, warmup, *knob_inputs],
+    event = run_btn.click(run, [qset, upload, cats, methods, per_category, max_new, warmup, *knob_inputs],
                           [status, bar, table, detail, speed_plot, tau_plot, csv_file, jsonl_file],
                           api_name="benchmark", concurrency_id="engine")
     stop_btn.click(lambda: "Stopped (after the run in progress). Downloads hold the records so far.", None, status,

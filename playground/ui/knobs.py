@@ -23,6 +23,7 @@ import gradio as gr
 from gradio.components.number import Number
 
 from .wording import choice_pairs
+from .toast import warning
 
 NUMBER_BOX_RANGE = 10_000
 """Knobs with a wider range than this get a number box instead of a slider (the seed)."""
@@ -133,7 +134,7 @@ def knob_input(knob, elem_id: str, interactive: bool = True, value=None, label: 
         def fix_number(v):  # on leaving the box: clamp and round, and say so
             message, fixed = correction(knob, label, v)
             if message:
-                gr.Warning(message)
+                warning(message)
                 return fixed
             return gr.skip()
 
@@ -146,7 +147,7 @@ def knob_input(knob, elem_id: str, interactive: bool = True, value=None, label: 
         message, fixed = correction(knob, label, v)
         if message is None or (v == 0 and 0 < knob.minimum < 1):  # "0" on the way to "0.5": no warning yet
             return gr.skip()
-        gr.Warning(message)
+        warning(message)
         # The front end clamps a value out of range itself when the field is left; a fraction is
         # rounded here.
         return fixed if knob.minimum <= float(v) <= knob.maximum else gr.skip()

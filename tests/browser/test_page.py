@@ -168,9 +168,14 @@ def test_insight_tabs_and_a_tiny_benchmark(browser, url):
         expect(page.locator("#advisor-applied")).to_contain_text("Applied to the Playground tab")
         page.screenshot(path=str(SHOTS / "advisor.png"), full_page=True)
 
-        # 4. Benchmark: 1 question, 8 new tokens, autoregressive + prompt lookup, no warm-up.
+        # 4. Benchmark: 1 question (writing), 8 new tokens, autoregressive + prompt lookup, no warm-up.
         page.get_by_role("tab", name="Benchmark").click()
-        for elem, value in (("bench-limit", "1"), ("bench-max-new-tokens", "8")):
+        for group, keep in (("bench-categories", "writing"), ("bench-methods", "Prompt lookup")):
+            boxes = page.locator(f"#{group} input[type=checkbox]")
+            for i in range(boxes.count()):
+                boxes.nth(i).set_checked(False)
+            page.locator(f"#{group}").get_by_label(keep, exact=True).check()
+        for elem, value in (("bench-per-category", "1"), ("bench-max-new-tokens", "8")):
             box = page.locator(f"#{elem} input[type=number]")
             box.fill(value)
             box.press("Enter")
@@ -178,13 +183,13 @@ def test_insight_tabs_and_a_tiny_benchmark(browser, url):
         page.locator("#bench-warmup input[type=checkbox]").uncheck()
         page.locator("#bench-run").click()
         expect(page.locator("#bench-status")).to_contain_text("Done", timeout=RUN_TIMEOUT_MS)
-        expect(page.locator("#bench-table")).to_contain_text("prompt_lookup")
+        expect(page.locator("#bench-table")).to_contain_text("Prompt lookup")
         expect(page.locator("#bench-detail")).to_contain_text("overall")
         expect(page.locator("#bench-progress")).to_contain_text("100%")
         expect(page.locator("#bench-speedup .js-plotly-plot").first).to_be_visible()
         expect(page.locator("#bench-tau .js-plotly-plot").first).to_be_visible()
-        expect(page.locator("#bench-jsonl")).to_contain_text("results.jsonl")
-        expect(page.locator("#bench-csv")).to_contain_text("results.csv")
+        expect(page.locator("#bench-jsonl")).to_contain_text(".jsonl")  # the file itself: results.jsonl
+        expect(page.locator("#bench-csv")).to_contain_text(".csv")
         page.get_by_text("Published Spec-Bench leaderboard: measured elsewhere on other hardware").click()
         expect(page.locator("#bench-reference")).to_contain_text("EAGLE2")
         page.screenshot(path=str(SHOTS / "benchmark.png"), full_page=True)

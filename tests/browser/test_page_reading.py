@@ -262,9 +262,7 @@ FORBIDDEN = [(re.compile(r"(?<![\w-])--[a-z]"), "a command-line flag"), (re.comp
              (re.compile(r"README"), "README"), (re.compile(r"python -m|app\.py"), "a command line"),
              (re.compile(r"development machine"), "the development machine"),
              (re.compile(r"made non-decreasing in n"), "an internal note")]
-TABS = ["Playground", pytest.param("Benchmark", marks=pytest.mark.xfail(
-    reason="the Benchmark tab's wording is issue 20 item 8 (another branch); drop this mark once it is merged",
-    strict=False)), "Theory", "Advisor"]
+TABS = ["Playground", "Benchmark", "Theory", "Advisor", "Models", "History"]
 
 
 @pytest.mark.parametrize("tab", TABS)

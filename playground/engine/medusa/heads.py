@@ -329,7 +329,14 @@ def _read_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
         return config, load_file(str(folder / WEIGHTS_SAFETENSORS))
     if (folder / WEIGHTS_PT).is_file():
-        return config, torch.load(folder / WEIGHTS_PT, map_location="cpu", weights_only=True)
+        import pickle
+
+        try:  # weights_only: torch's restricted unpickler, so a pickle cannot run code
+            return config, torch.load(folder / WEIGHTS_PT, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
+            raise MedusaLoadError(f"could not load Medusa heads from {str(folder)!r}: {WEIGHTS_PT} holds more "
+                                  f"than tensors, or is damaged ({type(e).__name__}); save the heads as "
+                                  f"{WEIGHTS_SAFETENSORS}") from None
     raise MedusaLoadError(f"could not load Medusa heads from {str(folder)!r}: no {WEIGHTS_SAFETENSORS} or "
                           f"{WEIGHTS_PT} in the folder")
 

@@ -1,0 +1,113 @@
+"""Markup in prompts and model output is shown as text, never run or rendered (headless Chromium).
+
+The default model, asked to copy an HTML snippet, answers with ``<b>bold</b>`` and a
+``<script>`` tag that sets ``window.__x``; the page must show both literally in the panels,
+with no ``<b>`` or ``<script>`` element created and the script never run. A stop string with
+markup that is too long is refused: the warning (status line and toast) shows it as text.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import skip_unless_ci
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared UI helpers
+from ui_fixtures import serve, ui_engine  # noqa: E402
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run", "--disable-quic", "--disable-sync"]
+RUN_TIMEOUT_MS = 240_000
+MARKUP_PROMPT = "Copy this HTML code exactly:\n```html\n<b>bold</b>\n<script>window.__x=1</script>\n```"
+"""The default model (greedy, float32) answers this with the snippet in a fenced code block."""
+METHODS_RUN = ("autoregressive", "prompt_lookup")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        skip_unless_ci("chromium is not installed (apt-get install -y chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def url(browser, request):
+    with serve(ui_engine(request)) as u:
+        yield u
+
+
+def _only(page, methods) -> None:
+    """Tick exactly ``methods`` among the enabled method checkboxes."""
+    for box in page.locator("[id^=use-] input[type=checkbox]").all():
+        if box.is_enabled():
+            box.set_checked(False)
+    for m in methods:
+        page.locator(f"#use-{m} input[type=checkbox]").check()
+
+
+def _set_number(page, elem_id: str, value: str) -> None:
+    from playwright.sync_api import expect
+
+    box = page.locator(f"#{elem_id} input[type=number]")
+    for _ in range(3):  # on a loaded machine the page may still re-render the field: fill until it sticks
+        box.fill(value)
+        box.press("Enter")
+        try:
+            expect(box).to_have_value(value, timeout=10_000)
+            return
+        except AssertionError:
+            continue
+    expect(box).to_have_value(value)
+
+
+@pytest.mark.real_model
+def test_markup_in_output_and_messages_is_shown_as_text(browser, url):
+    """Panels show the model's ``<b>``/``<script>`` literally and run nothing; a refused stop string
+    with markup is echoed as text in the status line and the toast."""
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(url)
+        expect(page.locator("#prompt textarea")).to_be_visible(timeout=60_000)
+        page.locator("#prompt textarea").fill(MARKUP_PROMPT)
+        _only(page, METHODS_RUN)
+        page.get_by_text("Generation settings", exact=True).click()
+        _set_number(page, "gen-max_new_tokens", "32")
+
+        # 1. A stop string of markup, too long: refused, and the message shows it as text.
+        stop = "<b>bold</b>" * 7  # 77 characters: over the 64 allowed
+        page.locator("#gen-stop textarea").fill(stop)
+        page.locator("#run").click()
+        expect(page.locator("#status")).to_contain_text(stop, timeout=RUN_TIMEOUT_MS)
+        toast = page.get_by_test_id("toast-body").filter(has_text="stop string")
+        expect(toast.first).to_contain_text("<b>bold</b>", timeout=30_000)
+        assert page.locator("#status b").filter(has_text="bold").count() == 0
+        assert toast.first.locator("b").count() == 0, "the toast rendered the stop string's markup"
+
+        # 2. The model echoes the markup: panels show it as text and no script runs.
+        page.locator("#gen-stop textarea").fill("")
+        page.locator("#run").click()
+        expect(page.locator("#status")).to_contain_text("Done", timeout=RUN_TIMEOUT_MS)
+        for m in METHODS_RUN:
+            panel = page.locator(f"#panel-{m}")
+            expect(panel).to_contain_text("<b>bold</b>")
+            expect(panel).to_contain_text("<script>window.__x=1")
+            assert panel.locator("b, script, .tokens strong").count() == 0, f"{m}: markup became elements"
+            expect(page.locator(f"#stats-{m}")).to_contain_text("tok/s")
+        assert page.evaluate("typeof window.__x") == "undefined", "a script from the model's output ran"
+        # Markdown in the output stays as typed: the code fence shows its backticks.
+        expect(page.locator("#panel-autoregressive")).to_contain_text("```")
+    finally:
+        page.close()

@@ -1,0 +1,96 @@
+"""The Benchmark tab's Run handler on its inputs, without a model (a stand-in runs nothing).
+
+Sampling is per category (the first N of each ticked category, in file order); the file is read
+before anything else, so a missing or broken file says so (naming the file the user chose and the
+line, never the server's upload path); a file over the size limit, too many questions, and
+wrong types are refused with a message, never an exception.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from playground.ui import bench_tab
+
+SPEC = "Spec-Bench dev (bundled)"
+
+
+def _knobs():
+    return [k.default for _, k in bench_tab.knob_keys()]
+
+
+def _run(set_name, upload, categories, methods=("autoregressive",), per_category=2, max_new=4):
+    """(messages shown, questions the stand-in was asked to run)."""
+    seen: list[list[dict]] = []
+
+    def stream(key, questions, specs, settings, warmup):
+        seen.append(questions)
+        yield {"type": "start", "runs": 0}
+
+    methods = methods if isinstance(methods, str) else list(methods)
+    out = list(bench_tab.run_benchmark(object(), set_name, upload, categories, methods, per_category, max_new,
+                                       False, *_knobs(), stream=stream))
+    return [html.unescape(re.sub(r"<[^>]+>", "", o[0])) for o in out], (seen[0] if seen else None)
+
+
+@pytest.fixture(autouse=True)
+def _no_engine_registry(monkeypatch):
+    monkeypatch.setattr(bench_tab.worker, "register", lambda engine: "stand-in")
+
+
+def test_per_category_sample_takes_the_first_n_of_each_category():
+    """2 per category over 3 categories: 6 questions, 2 of each, in file order."""
+    _, questions = _run(SPEC, None, ["writing", "math", "coding"])
+    cats = [q["category"] for q in questions]
+    assert len(questions) == 6 and {c: cats.count(c) for c in set(cats)} == {"writing": 2, "math": 2, "coding": 2}
+    every = [json.loads(line) for line in Path(bench_tab.bench.BUILTIN_SETS["spec_bench"]).read_text().splitlines()]
+    first_writing = [r["question_id"] for r in every if r["category"] == "writing"][:2]
+    assert [q["question_id"] for q in questions if q["category"] == "writing"] == first_writing
+
+
+def test_too_many_questions_and_bad_numbers_are_refused():
+    shown, ran = _run(SPEC, None, bench_tab.category_choices(SPEC, None)[0], per_category=bench_tab.MAX_PAGE_QUESTIONS)
+    assert ran is None and "at most 40" in shown[0]
+    for bad in (0, "two", None, 1.5, True):
+        shown, ran = _run(SPEC, None, ["writing"], per_category=bad)
+        assert ran is None and len(shown) == 1 and shown[0].count("Questions per category") == 1, (bad, shown)
+        assert "per_category" not in shown[0]
+    shown, ran = _run(SPEC, None, "writing", methods="autoregressive")  # a bare string: one name
+    assert ran is not None and len(ran) == 2
+
+
+def test_upload_messages_name_the_chosen_file_not_the_server_path(tmp_path):
+    """No file: choose one. A broken file: its own name and line (the category box says it too),
+    checked before "no category is ticked". Too large: refused with the limit."""
+    shown, _ = _run(bench_tab.UPLOAD, None, [])
+    assert "choose a file" in shown[0] and "no category" not in shown[0]
+
+    upload_dir = tmp_path / "gradio" / "0123abcd"
+    upload_dir.mkdir(parents=True)
+    broken = upload_dir / "my set.jsonl"
+    broken.write_text(json.dumps({"question_id": 1, "category": "a", "turns": ["Hi"]}) + "\n"
+                      + json.dumps({"question_id": 2, "category": "a"}) + "\n")
+    shown, _ = _run(bench_tab.UPLOAD, str(broken), [])
+    assert "my set.jsonl, line 2:" in shown[0] and str(tmp_path) not in shown[0], shown[0]
+    cats, note = bench_tab.category_choices(bench_tab.UPLOAD, str(broken))
+    assert cats == [] and "my set.jsonl, line 2:" in note and str(tmp_path) not in note
+
+    big = upload_dir / "big.jsonl"
+    with open(big, "wb") as f:
+        f.truncate(bench_tab.MAX_UPLOAD_BYTES + 1)
+    shown, _ = _run(bench_tab.UPLOAD, str(big), ["a"])
+    assert "'big.jsonl' is 5.0 MiB" in shown[0] and "5 MiB" in shown[0] and str(tmp_path) not in shown[0]
+    assert bench_tab.launch_options()["max_file_size"] == bench_tab.MAX_UPLOAD_BYTES
+
+
+def test_page_words_for_columns_categories_and_methods():
+    assert bench_tab.column_title("math_reasoning speedup") == "Math reasoning speedup"
+    assert bench_tab.column_title("tau") == "τ (tokens per step)"
+    assert bench_tab.column_title("mean_accepted_tokens") == "τ (mean accepted tokens)"
+    assert bench_tab.category_title("qa") == "QA" and bench_tab.method_title("prompt_lookup") == "Prompt lookup"
+    assert "_" not in "".join(bench_tab.column_title(c) for c in bench_tab.DETAIL_HEADER)
