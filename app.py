@@ -107,8 +107,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "--no-lock-models lets each browser session load its own; locked by default on "
                         "Hugging Face Spaces")
     p.add_argument("--models-dir", default=os.environ.get("PLAYGROUND_MODELS_DIR"), metavar="FOLDER",
-                   help="folder whose model folders and .gguf files the Models tab offers (default: "
-                        "$PLAYGROUND_MODELS_DIR)")
+                   help="folder whose model folders and .gguf files the Models tab offers "
+                        "($PLAYGROUND_MODELS_DIR when set)")
     p.add_argument("--vllm", action="store_true",
                    help="add a vLLM tab: one vLLM server per method from .venv-vllm, started on demand (docs/vllm.md)")
     p.add_argument("--vllm-url", action="append", metavar="NAME=URL",

@@ -276,3 +276,18 @@ def test_after_run_fills_pickers_with_the_two_newest():
     assert (a["value"], b["value"], pick["value"]) == (1, 2, 2) and "Run 2" in cmp
     assert panel.after_run(new, new[-1]["summary"]) == (history.gr.skip(),) * 6
     json.dumps(new)  # plain data (a gr.State value)
+
+
+def test_unavailable_reasons_after_a_load_are_in_page_terms():
+    """After a load, a method the new models cannot serve says why without a command line."""
+    from types import SimpleNamespace
+
+    from playground.ui.models_tab import method_updates
+
+    engine = SimpleNamespace(unavailable_reason=lambda m: None if m not in ("medusa", "draft_model") else
+                             "no Medusa heads are loaded: start with --medusa PATH_OR_HUB_ID, or train heads with "
+                             "`python -m playground.training.medusa`", target=SimpleNamespace(name="t"),
+                             loaded_parts=lambda: {"target": True})
+    updates = method_updates(engine, None, [])
+    texts = [u.get("value", "") for u in updates if isinstance(u, dict) and isinstance(u.get("value"), str)]
+    assert texts and not any("--" in t or "python -m" in t for t in texts), texts

@@ -39,6 +39,12 @@ def test_verdict_names_the_fastest_method_and_the_lossless_result():
     assert 'id="run-verdict"' in guide.verdict_html(s)
 
 
+def test_a_stopped_run_says_the_outputs_agree_only_as_far_as_both_went():
+    s = _summary({"autoregressive": _method("Autoregressive", 10.0, 1.0, reason="cancelled"),
+                  "prompt_lookup": _method("Prompt lookup", 12.4, 1.86, "match", reason="cancelled")})
+    assert guide.run_verdict(s).endswith("all outputs identical to the baseline as far as both went (stopped).")
+
+
 def test_verdict_says_what_differs_and_what_was_not_checked():
     """A mismatch, a near tie and a method that is not lossless by design are each named; a slower-only run
     says so; sampling and a run without a baseline say why nothing was compared."""

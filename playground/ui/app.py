@@ -172,8 +172,9 @@ class _RunView:
         kind = self.checks[m] = "match" if check.matched else "near_tie" if check.near_tie else "mismatch"
         return render.badge(kind, check.message())
 
-    def stop(self) -> int:
-        """Mark every unfinished method as stopped; returns the most tokens any method produced."""
+    def stop(self) -> str:
+        """Mark every unfinished method as stopped; returns the status text ("Stopped after N tokens
+        of the baseline", or the most any method produced when the baseline did not run)."""
         for m in self.chosen:
             if self.reasons[m] is None:
                 self.reasons[m] = "cancelled"
@@ -182,7 +183,11 @@ class _RunView:
         for m in self.chosen:
             self.stats_md[m] = self._stats_line(m) if m in self.stats else ""
             self.badge_md[m] = self._badge(m)
-        return max((len(self.outputs[m].ids) for m in self.chosen), default=0)
+        if BASELINE in self.chosen:
+            n, whose = len(self.outputs[BASELINE].ids), " of the baseline"
+        else:
+            n, whose = max((len(self.outputs[m].ids) for m in self.chosen), default=0), ""
+        return f"Stopped after {render.plural(n, 'token')}{whose}; each panel shows how far its method got."
 
     def refresh_figures(self) -> None:
         """Rebuild the charts from the statistics so far."""
@@ -298,8 +303,7 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
         stopped = stopped or (stop is not None and stop.is_set() and any(r is None for r in view.reasons.values()))
         if stopped:
             events.close()  # ends the engine run now, before the last update is sent
-            n = view.stop()
-            view.status = render.status_html("stopped", f"Stopped after {render.plural(n, 'token')}.")
+            view.status = render.status_html("stopped", view.stop())
         else:
             view.status = render.status_html(
                 "done", f"Done in {time.perf_counter() - start:.1f} s (methods run side by side, one step each "

@@ -117,8 +117,9 @@ def lossless_verdict(summary: Mapping) -> str:
     parts = []
     if by_kind.get("match"):
         everyone = len(by_kind["match"]) == len(others)
-        parts.append("all outputs identical to the baseline" if everyone
-                     else f"{_names(by_kind['match'])} identical to the baseline")
+        stopped = any(d.get("finish_reason") == "cancelled" for d in methods.values())
+        same = "identical to the baseline" + (" as far as both went (stopped)" if stopped else "")
+        parts.append(f"all outputs {same}" if everyone else f"{_names(by_kind['match'])} {same}")
     if by_kind.get("near_tie"):
         parts.append(f"{_names(by_kind['near_tie'])} differ{'s' if len(by_kind['near_tie']) == 1 else ''} "
                      "only at a near tie")

@@ -36,7 +36,7 @@ import gradio as gr
 from playground import presets
 from playground.engine import METHODS, Engine, ModelLoadError
 
-from . import render, worker
+from . import render, wording, worker
 
 log = logging.getLogger(__name__)
 
@@ -354,7 +354,8 @@ def method_updates(engine: Engine, before: Engine | None, knob_keys: list[tuple[
         newly = reason is None and before is not None and before.unavailable_reason(m) is not None
         boxes.append(gr.update(interactive=reason is None, **({"value": False} if reason else
                                                              {"value": True} if newly else {})))
-        reasons.append(gr.update(value=f"**Unavailable:** {reason}" if reason else "", visible=bool(reason)))
+        text = wording.unavailable_text(engine, m) if reason else None  # in page terms, no command lines
+        reasons.append(gr.update(value=f"**Unavailable:** {text}" if reason else "", visible=bool(reason)))
     knobs = [gr.update(interactive=engine.unavailable_reason(m) is None) for m, _ in knob_keys]
     return boxes + reasons + knobs
 
