@@ -35,7 +35,7 @@ from . import advisor_tab, bench_tab, charts, guide, history, insight, medusa_pa
 from . import step_inspector, theory_tab, wording, worker
 from .inputs import STOP_INPUT, _parse, input_names, model_settings_note, run_arguments, stop_lines  # noqa: F401
 from .knobs import knob_input
-from .run_control import StopSignals
+from .run_control import StopSignals, reading_status
 from .toast import warning
 
 log = logging.getLogger(__name__)
@@ -229,18 +229,6 @@ def _message_only(text: str) -> tuple:
     return (text,) + (gr.skip(),) * (3 * len(METHODS) + 4)
 
 
-def _reading_status(view: _RunView, prompt_tokens: int, labels: str) -> str:
-    """The status while the methods read the prompt (each prefills it in turn, in page order),
-    then while they generate."""
-    waiting = [m for m in view.chosen if view.outputs[m].last is None]
-    size = render.plural(prompt_tokens, "token")
-    if not waiting:
-        return render.status_html("running", f"Running {labels} on a prompt of {size}…")
-    i = len(view.chosen) - len(waiting) + 1
-    return render.status_html("running", f"Reading the prompt ({size}) for {METHODS[waiting[0]].label}: "
-                                         f"method {i} of {len(view.chosen)}…")
-
-
 def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[tuple]:
     """The ``/run`` handler: stream every chosen method's text, stats, badge and the charts.
 
@@ -285,14 +273,14 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
                 return
             if event["type"] == "start":
                 prompt_tokens = event["prompt_tokens"]
-                view.status = _reading_status(view, prompt_tokens, labels)
+                view.status = render.status_html("running", reading_status(view, prompt_tokens, labels))
                 yield view.values()
                 start = last = last_chart = time.perf_counter()
                 continue
             first = view.outputs[event["method"]].last is None
             view.add(event)
             if first:  # prefill progress: which method reads the prompt now
-                view.status = _reading_status(view, prompt_tokens, labels)
+                view.status = render.status_html("running", reading_status(view, prompt_tokens, labels))
             now = time.perf_counter()
             if now - last_chart >= CHART_REFRESH_S or event["finished"]:
                 view.refresh_figures()

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import threading
 
+from playground.engine import METHODS
+
 
 class StopSignals:
     """Stop flags of the runs in flight, one per session (thread-safe).
@@ -64,3 +66,20 @@ class StopSignals:
     def __len__(self) -> int:
         with self._lock:
             return len(self._flags)
+
+
+def reading_status(view, prompt_tokens: int, labels: str) -> str:
+    """The status text while the methods read the prompt (each prefills it in turn, in page order:
+    "Reading the prompt (1,631 tokens) for Lookahead: method 3 of 5…"), then while they generate.
+
+    Args:
+        view: the run's view (``chosen``: method names; ``outputs[m].last``: None until m's first step).
+        prompt_tokens: the prompt's length in tokens.
+        labels: the chosen methods' labels, joined for the "Running …" text.
+    """
+    waiting = [m for m in view.chosen if view.outputs[m].last is None]
+    size = f"{prompt_tokens:,} token{'' if prompt_tokens == 1 else 's'}"
+    if not waiting:
+        return f"Running {labels} on a prompt of {size}…"
+    i = len(view.chosen) - len(waiting) + 1
+    return f"Reading the prompt ({size}) for {METHODS[waiting[0]].label}: method {i} of {len(view.chosen)}…"
