@@ -152,21 +152,23 @@ def run_figures(summary: dict | None, verify_cost) -> tuple[advisor.DraftMeasure
     return draft, speeds
 
 
-def advise(engine, *values, summary: dict | None = None) -> tuple[str, dict | None]:
+def advise(engine, *values, summary: dict | None = None, engine_key: str | None = None) -> tuple[str, dict | None]:
     """``(markdown, advice as plain data or None)``; bad input gives a message that says what is allowed
     and no recommendation (so Apply has nothing stale to apply), never raises.
 
     ``values``: the tab's inputs (target size, draft size, willing to train, task, appetite, device,
     draft loaded, Medusa loaded). ``summary``: the last Playground run (``_RunView.summary()``), whose
-    measured draft K and speedups the advice follows when its device is this one.
+    measured draft K and speedups the advice follows when its device is this one. ``engine_key``: the
+    session's engine key, under which the Theory tab caches this engine's measured verify cost (None:
+    looked up from ``engine``).
     """
     try:
         _, _, draft_k = loaded_models(engine)
         s = situation(*values, draft_k=draft_k, cpu_isa=advisor.cpu_isa())
         here = s.device == ("cpu" if str(getattr(getattr(engine, "target", None), "device", "cpu")) == "cpu" else "gpu")
-        draft_run, speeds = run_figures(summary, _page_cost(engine)) if here else (None, {})
+        draft_run, speeds = run_figures(summary, _page_cost(engine, engine_key)) if here else (None, {})
         s = dataclasses.replace(s, draft_run=draft_run if s.draft_loaded else None, run_speedups=speeds or None)
-        adv = advisor.advise(s, verify_cost=_measured_cost(engine))
+        adv = advisor.advise(s, verify_cost=_measured_cost(engine, engine_key))
     except (TypeError, ValueError) as e:
         return (f"**Cannot advise:** {html.escape(str(e))}.\n\nAllowed: a target size above 0 and at most "
                 f"{advisor.MAX_TARGET_B:g} billion parameters, and a draft size of 0 (none) or above 0 and below "
@@ -180,20 +182,20 @@ def _engine_key(engine) -> str | None:
     return next((k for k, e in worker.ENGINES.items() if e is engine), None)  # the Theory tab registered it
 
 
-def _measured_cost(engine):
+def _measured_cost(engine, key: str | None = None):
     """This device's verify cost if the Theory tab has measured it (made non-decreasing), else None."""
     from . import insight
 
-    key = _engine_key(engine)
+    key = key or _engine_key(engine)
     d = insight.VERIFY_COSTS.get(key) if key else None
     return theory.VerifyCost.from_dict(d).monotone() if d else None
 
 
-def _page_cost(engine):
+def _page_cost(engine, key: str | None = None):
     """The verify cost the draft panel uses (``insight.verify_cost_for``): measured, else the fallback."""
     from . import insight
 
-    return insight.verify_cost_for(_engine_key(engine) or "")
+    return insight.verify_cost_for(key or _engine_key(engine) or "")
 
 
 def apply_values(engine, advice: dict | None, knob_keys: list[tuple[str, str]]) -> tuple:
@@ -248,7 +250,27 @@ def preset_markdown(name: str) -> str:
     return ", ".join(parts) + f" ({where}). {p.note}"
 
 
-def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None) -> None:
+def situation_values(engine) -> tuple:
+    """The tab's inputs that describe the loaded models, for ``engine``: (target size, draft size,
+    draft loaded, Medusa loaded, device)."""
+    has_draft, has_medusa, _ = loaded_models(engine)
+    device = "cpu" if str(engine.target.device) == "cpu" else "gpu"
+    return target_size_b(engine), loaded_draft_b(engine), has_draft, has_medusa, device
+
+
+def preset_sizes(engine, name: str) -> tuple:
+    """What "Use its sizes in the advisor" fills for preset ``name``, with ``engine`` loaded: (target size,
+    draft size, willing to train, draft loaded, Medusa loaded)."""
+    p = presets.get_preset(name)
+    has_draft, has_medusa, _ = loaded_models(engine)
+    sizes = {"HuggingFaceTB/SmolLM2-360M-Instruct": 0.36, "HuggingFaceTB/SmolLM2-135M-Instruct": 0.135,
+             "Qwen/Qwen2.5-0.5B-Instruct": 0.5, "meta-llama/Llama-2-7b-chat-hf": 6.7}
+    here = p.target == getattr(engine.target, "spec", None)  # the preset's models are the loaded ones
+    draft_b_value = loaded_draft_b(engine) if here and has_draft else sizes.get(p.draft, NO_DRAFT)
+    return p.params_b, draft_b_value, bool(p.medusa), here and has_draft, here and has_medusa
+
+
+def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None, models=None) -> None:
     """Lay the tab out and wire Apply to the Playground tab's ``use`` checkboxes and ``knobs`` sliders.
 
     Args:
@@ -256,6 +278,9 @@ def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None) -> N
         knobs: ``(method, knob name)`` -> its slider on the Playground tab.
         last_run: the Playground's last finished run (``_RunView.summary()``); the advice follows
             what it measured (the draft panel's K, the fastest method).
+        models: the Models tab's :class:`~.models_tab.ModelsPanel`: the handlers use the session's
+            engine (its ``key`` state is their last input) and the inputs describing the loaded models
+            follow a load; None: ``engine``.
     """
     device = "cpu" if str(engine.target.device) == "cpu" else "gpu"
     gr.Markdown("Tell the advisor about your deployment; it recommends a method and settings, with the rule behind "
@@ -305,25 +330,24 @@ def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None) -> N
 
     knob_keys = list(knobs)
     run = [last_run] if last_run is not None else []
+    key = [models.key] if models is not None else []
+
+    def session(*k):  # the session's engine and key (the server's without a Models tab)
+        return (models.engine_for(k[0]), k[0]) if models is not None else (engine, None)
 
     def advise_and_clear(*v):  # new advice: the last "Applied" message no longer describes it
-        return (*advise(engine, *v[:len(inputs)], summary=v[len(inputs)] if run else None), "")
+        chosen, k = session(*v[len(inputs) + len(run):])
+        return (*advise(chosen, *v[:len(inputs)], summary=v[len(inputs)] if run else None, engine_key=k), "")
 
-    go_btn.click(advise_and_clear, inputs + run, [out, state, applied], api_visibility="private", queue=False)
+    go_btn.click(advise_and_clear, inputs + run + key, [out, state, applied], api_visibility="private", queue=False)
     for comp in inputs + run:
-        comp.change(advise_and_clear, inputs + run, [out, state, applied], api_visibility="private", queue=False)
-    apply_btn.click(lambda adv: apply_values(engine, adv, knob_keys), state,
-                    [*(use[m] for m in METHODS), *(knobs[k] for k in knob_keys), applied],
+        comp.change(advise_and_clear, inputs + run + key, [out, state, applied], api_visibility="private",
+                    queue=False)
+    apply_btn.click(lambda adv, *k: apply_values(session(*k)[0], adv, knob_keys), [state, *key],
+                    [*(use[m] for m in METHODS), *(knobs[kk] for kk in knob_keys), applied],
                     api_visibility="private", queue=False)
     pick.change(preset_markdown, pick, preset_info, api_visibility="private", queue=False)
-
-    def fill(name):
-        p = presets.get_preset(name)
-        sizes = {"HuggingFaceTB/SmolLM2-360M-Instruct": 0.36, "HuggingFaceTB/SmolLM2-135M-Instruct": 0.135,
-                 "Qwen/Qwen2.5-0.5B-Instruct": 0.5, "meta-llama/Llama-2-7b-chat-hf": 6.7}
-        here = p.target == getattr(engine.target, "spec", None)  # the preset's models are the loaded ones
-        draft_b_value = loaded_draft_b(engine) if here and has_draft else sizes.get(p.draft, NO_DRAFT)
-        return p.params_b, draft_b_value, bool(p.medusa), here and has_draft, here and has_medusa
-
-    fill_btn.click(fill, pick, [target_b, draft_b, train, loaded_draft, loaded_medusa], api_visibility="private",
-                   queue=False)
+    fill_btn.click(lambda name, *k: preset_sizes(session(*k)[0], name), [pick, *key],
+                   [target_b, draft_b, train, loaded_draft, loaded_medusa], api_visibility="private", queue=False)
+    if models is not None:  # after a load: the sizes and "loaded" boxes describe the session's models
+        models.follow(lambda e, _k: situation_values(e), [], [target_b, draft_b, loaded_draft, loaded_medusa, dev])

@@ -335,6 +335,7 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
         last_run = gr.State(None)  # plain data of the last finished run (see _RunView.summary)
         run_steps = gr.State(None)  # the last run's step_inspector.RunSteps (filled while it streams)
         engine_key = worker.register(engine)
+        models = models_tab.ModelsPanel(engine, lock_models, models_dir, TITLE)  # the session's models (key)
         with gr.Tabs(elem_id="tabs"):
             with gr.Tab("Playground", id="playground", elem_id="tab-playground"):
                 with gr.Row(equal_height=False):
@@ -366,7 +367,7 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
                                               for k in info.knobs]
                                     if m == "medusa":  # tree presets, custom tree editor, tree picture
                                         medusa_panel.build(engine, dict(zip([k.name for k in info.knobs],
-                                                                            knobs[-len(info.knobs):])))
+                                                                            knobs[-len(info.knobs):])), models)
                                     if m == "lookahead":  # tokens per pass next to W/N/G, and presets
                                         insight.lookahead_controls(dict(zip([k.name for k in info.knobs],
                                                                             knobs[-len(info.knobs):])))
@@ -413,16 +414,15 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
                 inspector = step_inspector.build(engine, engine_key, run_steps)
                 run_charts = insight.build_run_charts()
             with gr.Tab("Models", id="models", elem_id="tab-models"):
-                models = models_tab.ModelsPanel(engine, lock_models, models_dir, TITLE)
                 models.build(header, use, reasons, knobs, _knob_keys())
             with gr.Tab("History", id="history", elem_id="tab-history"):
                 runs = history.HistoryPanel()
             with gr.Tab("Benchmark", id="benchmark", elem_id="tab-benchmark"):
-                bench_tab.build(engine)
+                bench_tab.build(engine, models)
             with gr.Tab("Theory", id="theory", elem_id="tab-theory") as theory:
-                theory_tab.build(engine, last_run, theory)
+                theory_tab.build(engine, last_run, theory, models)
             with gr.Tab("Advisor", id="advisor", elem_id="tab-advisor"):
-                advisor_tab.build(engine, use, dict(zip(_knob_keys(), knobs)), last_run)
+                advisor_tab.build(engine, use, dict(zip(_knob_keys(), knobs)), last_run, models)
             if vllm is not None:  # a vllm_panel.VLLMSession (app.py --vllm / --vllm-url)
                 from . import vllm_panel
                 with gr.Tab("vLLM", id="vllm", elem_id="tab-vllm"):
@@ -460,8 +460,8 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
         run_event.then(lambda: (gr.Button(interactive=True), gr.Button(interactive=False)), None,
                        [run_btn, stop_btn], api_visibility="private", queue=False)
         # The per-run charts and the draft panel's insight, from the finished run's plain data.
-        run_event.then(lambda summary: insight.after_run(summary, engine_key), last_run,
-                       [*run_charts, *draft_insight], api_visibility="private", queue=False)
+        run_event.then(insight.after_run, [last_run, models.key], [*run_charts, *draft_insight],
+                       api_visibility="private", queue=False)
         runs.follow(run_event, last_run)  # the History tab
         # Stop sets this session's flag; the run ends after its current step and says so itself.
         def stop(request: gr.Request):

@@ -25,7 +25,7 @@ import gradio as gr
 from playground import bench
 from playground.engine import BASELINE, METHODS, Knob, MethodSpec
 
-from . import charts, render, worker
+from . import charts, models_tab, render, worker
 from .knobs import knob_input
 from .toast import warning
 
@@ -349,12 +349,30 @@ def _category_options(categories: list[str]) -> list[tuple[str, str]]:
     return [(category_title(c), c) for c in categories]
 
 
-def build(engine) -> None:
+def methods_update(engine) -> dict:
+    """The methods box for ``engine``: every method it can run offered (page labels) and ticked."""
+    available = [m for m in METHODS if engine.unavailable_reason(m) is None]
+    return gr.update(choices=[(METHODS[m].label, m) for m in available], value=available)
+
+
+def follow_models(engine) -> list:
+    """Updates after the session's models change: the methods box (:func:`methods_update`), then per
+    knob input (:func:`knob_keys` order) whether it can be changed, its value (the one saved with the
+    models, else the knob's default) and the options the models serve (``models_tab.knob_update``)."""
+    return [methods_update(engine), *(models_tab.knob_update(engine, None, m, k.name, reset=True)
+                                      for m, k in knob_keys())]
+
+
+def build(engine, models=None) -> None:
     """Lay the tab out: question set, categories, methods (every loaded one ticked) and knobs,
     questions per category (``#bench-per-category``) and max new tokens,
     Run (``#bench-run``) / Stop (``#bench-stop``), progress (``#bench-progress``), the leaderboard
     (``#bench-table``), the detail table (``#bench-detail``), charts (``#bench-speedup``, ``#bench-tau``),
-    downloads (``#bench-csv``, ``#bench-jsonl``) and the published leaderboard (``#bench-reference``)."""
+    downloads (``#bench-csv``, ``#bench-jsonl``) and the published leaderboard (``#bench-reference``).
+
+    With ``models`` (the Models tab's :class:`~.models_tab.ModelsPanel`) the benchmark runs on the
+    session's engine (its ``key`` state is the handler's last input) and the methods and knobs follow
+    a load; without it, on ``engine``."""
     available = [m for m in METHODS if engine.unavailable_reason(m) is None]
     gr.Markdown("Runs a benchmark on this machine: the same questions through every ticked method, greedy "
                 "decoding, each method's clock counting only its own steps. Speedup is total tokens over total "
@@ -424,10 +442,16 @@ def build(engine) -> None:
     upload.change(lambda up: (UPLOAD, refresh(UPLOAD, up)) if up else (gr.skip(), gr.skip()), upload, [qset, cats],
                   api_visibility="private", queue=False)
 
-    def run(*values):
-        yield from run_benchmark(engine, *values)
+    def run(*values):  # the last value: the session's engine key (with a Models tab)
+        if models is None:
+            yield from run_benchmark(engine, *values)
+        else:
+            yield from models.run(run_benchmark, *values)
 
-    event = run_btn.click(run, [qset, upload, cats, methods, per_category, max_new, warmup, *knob_inputs],
+    key = [models.key] if models is not None else []
+    if models is not None:
+        models.follow(lambda e, _key: follow_models(e), [], [methods, *knob_inputs])
+    event = run_btn.click(run, [qset, upload, cats, methods, per_category, max_new, warmup, *knob_inputs, *key],
                           [status, bar, table, detail, speed_plot, tau_plot, csv_file, jsonl_file],
                           api_name="benchmark", concurrency_id="engine")
     stop_btn.click(lambda: "Stopped (after the run in progress). Downloads hold the records so far.", None, status,

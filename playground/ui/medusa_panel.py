@@ -131,24 +131,42 @@ def check_custom(engine, text: str):
             f"Tree in use: custom, {len(paths)} node{'' if len(paths) == 1 else 's'}, depth {max(len(p) for p in paths)} (valid)")
 
 
-def build(engine, knobs: dict) -> None:
+def shown(engine, value) -> tuple[str, str, str]:
+    """(editor text, picture HTML, description Markdown) of the section for ``engine`` and the tree
+    value ``value``: :func:`describe` with Medusa heads loaded; without them a small example tree
+    (the editor still validates) and no description."""
+    if getattr(engine, "medusa", None) is None:
+        return "[[0], [0, 0], [0, 1], [0, 0, 0]]", tree_svg(TREE_PRESETS["depth3"]), ""
+    return describe(engine, value)  # on a bad value: the message, the editor and picture unchanged
+
+
+def build(engine, knobs: dict, models=None) -> None:
     """Lay out the Medusa section (inside the Medusa settings accordion).
 
     Args:
-        engine: the loaded engine (``engine.medusa`` may be None: the editor still validates).
+        engine: the server's engine (``engine.medusa`` may be None: the editor still validates).
         knobs: the medusa knob inputs by knob name (``tree_choices``, ``acceptance``, ...).
+        models: the Models tab's :class:`~.models_tab.ModelsPanel`: the handlers use the session's
+            engine (its ``key`` state) and the section is redrawn after a load; None: ``engine``.
     """
     tree = knobs["tree_choices"]
-    available = getattr(engine, "medusa", None) is not None
     presets = ", ".join(f"**{choice_label('tree_choices', name)}**: {desc}" for name, desc in TREE_DESCRIPTIONS.items())
     gr.Markdown(f"Tree presets: {presets}.", elem_id="medusa-presets")
-    text, picture, info = describe(engine, tree.value) if available else ("[[0], [0, 0], [0, 1], [0, 0, 0]]",
-                                                                         tree_svg(TREE_PRESETS["depth3"]), "")
-    editor = gr.Code(value=text if isinstance(text, str) else "", language="json", label="Custom tree (JSON list of "
+    text, picture, info = (v if isinstance(v, str) else "" for v in shown(engine, tree.value))
+    editor = gr.Code(value=text, language="json", label="Custom tree (JSON list of "
                      "index paths)", lines=3, elem_id="medusa-tree-json", interactive=True)
     apply = gr.Button("Use this tree", size="sm", elem_id="medusa-tree-apply")
-    message = gr.Markdown(info if isinstance(info, str) else "", elem_id="medusa-tree-info")
-    picture_html = gr.HTML(picture if isinstance(picture, str) else "", elem_id="medusa-tree-picture")
+    message = gr.Markdown(info, elem_id="medusa-tree-info")
+    picture_html = gr.HTML(picture, elem_id="medusa-tree-picture")
     gr.Markdown(TYPICAL_NOTE, elem_id="medusa-typical-note")
-    tree.change(lambda v: describe(engine, v), tree, [editor, picture_html, message], api_visibility="private")
-    apply.click(lambda t: check_custom(engine, t), editor, [tree, picture_html, message], api_visibility="private")
+    key = [models.key] if models is not None else []
+
+    def session(k=None):  # the session's engine (the server's without a Models tab)
+        return models.engine_for(k) if models is not None else engine
+
+    tree.change(lambda v, *k: describe(session(*k), v), [tree, *key], [editor, picture_html, message],
+                api_visibility="private")
+    apply.click(lambda t, *k: check_custom(session(*k), t), [editor, *key], [tree, picture_html, message],
+                api_visibility="private")
+    if models is not None:
+        models.follow(lambda e, _key, v: shown(e, v), [tree], [editor, picture_html, message])

@@ -6,7 +6,9 @@ shared by every session that chose the same models (least recently used dropped 
 :data:`MAX_SESSION_ENGINES`, so memory stays bounded), and registered in :data:`worker.ENGINES`
 under its choice's key. A session keeps that key in a ``gr.State``; the Playground tab's run
 resolves it (:meth:`ModelsPanel.run`), so sessions never see each other's choice. The server's
-own engine is shared by all sessions and never dropped.
+own engine is shared by all sessions and never dropped. The other tabs follow the same key:
+their handlers take it as an input and resolve it with :meth:`ModelsPanel.engine_for`, and what they
+built from the server's models is refreshed through :meth:`ModelsPanel.follow` after a load.
 
 On a shared server the operator locks the choice (``app.py --lock-models``, the default on Hugging
 Face Spaces): the tab then only says which models every visitor uses.
@@ -356,8 +358,27 @@ def method_updates(engine: Engine, before: Engine | None, knob_keys: list[tuple[
                                                              {"value": True} if newly else {})))
         text = wording.unavailable_text(engine, m) if reason else None  # in page terms, no command lines
         reasons.append(gr.update(value=f"**Unavailable:** {text}" if reason else "", visible=bool(reason)))
-    knobs = [gr.update(interactive=engine.unavailable_reason(m) is None) for m, _ in knob_keys]
+    knobs = [knob_update(engine, before, m, k) for m, k in knob_keys]
     return boxes + reasons + knobs
+
+
+def knob_update(engine: Engine, before: Engine | None, method: str, name: str, reset: bool = False):
+    """The update of ``method``'s knob ``name`` for ``engine``: whether it can be changed, the value
+    saved with the loaded models (``engine.knob_defaults``; the knob's own default when ``reset`` or
+    when ``before`` had a saved value and ``engine`` has none; else the value stays), and for a knob
+    chosen by name the options the loaded models serve (``engine.knob_choices``)."""
+    knob = next(k for k in METHODS[method].knobs if k.name == name)
+    update: dict = {"interactive": engine.unavailable_reason(method) is None}
+    saved = engine.knob_defaults(method).get(name) if hasattr(engine, "knob_defaults") else None
+    was = before.knob_defaults(method).get(name) if hasattr(before, "knob_defaults") else None
+    if saved is not None:
+        update["value"] = saved
+    elif reset or was is not None:
+        update["value"] = knob.default
+    offered = engine.knob_choices(method, name) if hasattr(engine, "knob_choices") else None
+    if offered is not None and not hasattr(knob, "maximum"):
+        update["choices"] = [p for p in wording.choice_pairs(knob) if p[1] in offered]
+    return gr.update(**update)
 
 
 class ModelsPanel:
@@ -380,13 +401,29 @@ class ModelsPanel:
         """The page header for ``engine`` (see :func:`header`)."""
         return header(engine, self.title)
 
+    def engine_for(self, key: str | None) -> Engine:
+        """The engine of a session's key (None or the server's key: the server's engine), loaded
+        again when it was dropped to make room for other sessions' choices.
+
+        Raises:
+            gr.Error: it cannot be loaded again (the message says why, in page terms).
+        """
+        try:
+            return self.cache.ensure(key)
+        except (ModelLoadError, ValueError) as e:
+            raise gr.Error(f"The models chosen on the Models tab cannot be loaded again: {e}") from None
+
+    def follow(self, fn, inputs: list, outputs: list) -> None:
+        """After the session's models change (a load or Back to the server's models), call
+        ``fn(engine, key, *inputs' values)`` and show what it returns in ``outputs``: for parts of the
+        page whose content was built from the server's models (defaults, what is offered)."""
+        self.key.change(lambda key, *v: fn(self.engine_for(key), key, *v), [self.key, *inputs], outputs,
+                        api_visibility="private")
+
     def run(self, run_comparison, *values):
         """Run ``run_comparison(engine, *values[:-1])`` on the engine of the session's key (``values[-1]``)."""
         *values, key = values
-        try:
-            engine = self.cache.ensure(key)
-        except (ModelLoadError, ValueError) as e:
-            raise gr.Error(f"The models chosen on the Models tab cannot be loaded again: {e}") from None
+        engine = self.engine_for(key)
         try:
             yield from run_comparison(engine, *values)
         finally:
@@ -407,7 +444,7 @@ class ModelsPanel:
             return (key, msg, gr.skip(), gr.skip(), *(gr.skip() for _ in range(self._n_updates)))
         engine = self.cache.get(new_key)
         done = render.status_html("done", f"Loaded in {time.perf_counter() - started:.1f} s, for this browser tab "
-                                          "only. The Playground tab's runs now use them.")
+                                          "only. Every tab of the page now uses them.")
         return (new_key, done, models_markdown(engine), self.header_fn(engine),
                 *method_updates(engine, before, self.knob_keys))
 

@@ -124,9 +124,33 @@ def measure_then_render(alpha, c, ks, cs, mode, summary, engine_key: str, force:
     yield render(alpha, c, ks, cs, mode, summary, engine_key)
 
 
-def build(engine, last_run: gr.State, tab: gr.Tab) -> None:
-    """Lay out the tab (``#theory-chart``, ``#theory-summary``); measuring starts when ``tab`` is first selected."""
-    key = worker.register(engine)
+def after_load(alpha, c, ks, cs, mode, summary, engine_key: str) -> tuple:
+    """(figure, markdown) after the session's models change: drawn with their verify cost when it was
+    measured already, else a note that it is measured when the tab is opened (measuring is slow, and
+    the tab is not in view while models load)."""
+    if mode == MEASURED and engine_key not in insight.VERIFY_COSTS:
+        return charts.empty_figure("Expected speedup vs alpha", "open this tab to measure the new models"), (
+            "_New models are loaded: the cost of verifying 1–17 tokens with their target is measured when "
+            "this tab is opened._")
+    return render(alpha, c, ks, cs, mode, summary, engine_key)
+
+
+def session_update(models, *values, force: bool = False):
+    """The tab's handler with the Models tab: ``values`` are :func:`measure_then_render`'s inputs, the
+    last one the session's engine key; the verify cost is measured on (and cached for) the session's
+    engine (``models.engine_for``, loaded again if it was dropped). Yields (figure, markdown)."""
+    *values, key = values
+    models.engine_for(key)  # registered under its key again if it was dropped
+    yield from measure_then_render(*values, engine_key=key, force=force)
+
+
+def build(engine, last_run: gr.State, tab: gr.Tab, models=None) -> None:
+    """Lay out the tab (``#theory-chart``, ``#theory-summary``); measuring starts when ``tab`` is first selected.
+
+    With ``models`` (the Models tab's :class:`~.models_tab.ModelsPanel`) the verify cost is the session's
+    engine's (its ``key`` state is an input of every handler) and the chart is redrawn after a load;
+    without it, ``engine``'s."""
+    key = worker.register(engine) if models is None else models.cache.default_key
     gr.Markdown("Speculative decoding's expected speedup (Leviathan et al. 2023) against the acceptance rate "
                 "alpha, for several K (tokens drafted per step) and draft costs c (one drafted token's cost as a "
                 "fraction of one target forward). The verification cost of K + 1 tokens is measured on this device; "
@@ -151,10 +175,20 @@ def build(engine, last_run: gr.State, tab: gr.Tab) -> None:
     inputs = [alpha, c, ks, cs, mode, last_run]
 
     def update(*v):
-        yield from measure_then_render(*v, engine_key=key)
+        if models is None:
+            yield from measure_then_render(*v, engine_key=key)
+        else:
+            yield from session_update(models, *v)
 
     def remeasure(*v):
-        yield from measure_then_render(*v, engine_key=key, force=True)
+        if models is None:
+            yield from measure_then_render(*v, engine_key=key, force=True)
+        else:
+            yield from session_update(models, *v, force=True)
+
+    if models is not None:
+        inputs.append(models.key)
+        models.follow(lambda _e, k, *v: after_load(*v, engine_key=k), inputs[:-1], [plot, summary])
 
     tab.select(update, inputs, [plot, summary], api_visibility="private", concurrency_id="engine")
     for comp in (alpha, c, ks, cs, mode, last_run):

@@ -2,13 +2,15 @@
 
 One browser tab loads the default target with itself as the draft (a real load, held at its first
 stage until the progress bar has been seen): the header and the draft model's checkbox follow,
-while a second browser tab keeps the server's models. Two short runs appear in the History tab,
+while a second browser tab keeps the server's models; the Benchmark tab offers the draft model and
+runs a tiny benchmark with it. Two short runs appear in the History tab,
 side by side, and their JSON-lines and CSV downloads read back with the benchmark's readers. A
 server started with the models locked says so. Skipped when chromium or Playwright is missing.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 from pathlib import Path
@@ -108,6 +110,29 @@ def test_choose_models_then_history_and_downloads(browser, engine, gated_load, t
             other.goto(url)
             expect(other.locator("#header")).to_contain_text("Draft: none", timeout=60_000)
             expect(other.locator("#use-draft_model input[type=checkbox]")).to_be_disabled()
+
+            # The Benchmark tab follows too: the draft model is offered and ticked, and a tiny benchmark
+            # (1 question, 4 new tokens, no warm-up) runs it on this tab's models.
+            page.get_by_role("tab", name="Benchmark").click()
+            bench_methods = page.locator("#bench-methods")
+            expect(bench_methods.get_by_label("Draft model")).to_be_checked(timeout=30_000)
+            for box in (page.locator("#bench-methods input[type=checkbox]"),
+                        page.locator("#bench-categories input[type=checkbox]")):
+                for i in range(box.count()):
+                    box.nth(i).set_checked(False)
+            bench_methods.get_by_label("Draft model").check()
+            page.locator("#bench-categories input[type=checkbox]").first.check()
+            for elem, n in (("bench-per-category", 1), ("bench-max-new-tokens", 4)):
+                box = page.locator(f"#{elem} input[type=number]")
+                box.fill(str(n))
+                box.press("Enter")
+                expect(box).to_have_value(str(n))
+            page.locator("#bench-warmup input[type=checkbox]").uncheck()
+            page.locator("#bench-run").click()
+            # (the first category's question may have two turns: 2 or 4 runs)
+            expect(page.locator("#bench-status")).to_contain_text(re.compile(r"Done: [24] runs"), timeout=RUN_TIMEOUT_MS)
+            expect(page.locator("#bench-table")).to_contain_text("Draft model")
+            page.get_by_role("tab", name="Playground").click()
 
             # Two short runs on this tab's models.
             page.locator("#prompt textarea").fill(PROMPT)
