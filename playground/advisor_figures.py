@@ -112,3 +112,10 @@ def measure_draft(stats: dict | None, k, verify_cost) -> DraftMeasurement | None
     alpha = float(stats["alpha"])
     return DraftMeasurement(alpha, k, c_step, c, theory.suggest_k(alpha, c, cost),
                             theory.expected_speedup(alpha, k, c, cost))
+
+
+def fastest_measured(isa: str | None, available) -> list[tuple[str, dict]]:
+    """The project's measured figures on CPUs with instruction set ``isa`` of the methods in
+    ``available``, fastest first: ``[(method, figure), ...]`` (empty when there are none)."""
+    figs = [(m, f) for m, f in MEASURED.get(isa, {}).items() if m in available]
+    return sorted(figs, key=lambda mf: -mf[1]["speedup"])

@@ -56,18 +56,15 @@ def verify_cost_markdown(cost: theory.VerifyCost, raw: theory.VerifyCost, sizes=
     moved = [n for n in sorted(raw.table) if abs(cost(n) - raw(n)) > 0.005]
     md = f"**Verify cost** (tokens per forward: relative cost, fitted non-decreasing) {rows}"
     if moved:
-        md += ("  
-Smoothed where a timing stood out from its neighbours: "
+        md += ("  \nSmoothed where a timing stood out from its neighbours: "
                + ", ".join(f"{n} tokens timed {raw(n):.2f}, fitted {cost(n):.2f}" for n in moved)
                + ". A forward over more tokens never costs less, and one size timed far above both neighbours "
                "is noise: such a point is capped at its neighbours, then dips are averaged with them, so one "
                "noisy timing cannot lift the whole curve.")
     if raw.seconds:
-        md += ("  
-Timings on a busy machine (another run, the benchmark, other programs) are noisy: "
+        md += ("  \nTimings on a busy machine (another run, the benchmark, other programs) are noisy: "
                "press **Measure again** when it is quiet.")
-    return md + f"  
-_{html.escape(insight.verify_cost_source(cost))}_"
+    return md + f"  \n_{html.escape(insight.verify_cost_source(cost))}_"
 
 
 def measured_points(summary: dict | None) -> list[dict]:
