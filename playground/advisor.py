@@ -460,7 +460,7 @@ def advise(s: Situation, verify_cost=None) -> Advice:
             sug = s.draft_run.suggestion
             k = sug.k
             reasons.append(("k_defaults", f"K = {k}, the draft panel's suggestion from this run (measured "
-                                          f"alpha {s.draft_run.alpha:.2f}, draft cost {s.draft_run.c:.3f} of a "
+                                          f"α {100 * s.draft_run.alpha:.0f}%, draft cost {s.draft_run.c:.3f} of a "
                                           f"target forward: expected {sug.speedup:.2f}x); the appetite presets "
                                           "are for drafts not measured here"))
         elif s.draft_loaded and s.draft_k is not None:

@@ -189,7 +189,7 @@ def test_cpu_notes_quote_the_measurements_file_and_name_the_machine():
     for run in data["benchmarks"]:
         assert data["machines"][run["machine"]]["label"] in notes
         for fig in run["methods"].values():
-            assert f"{fig['speedup']:.2f}x (" in notes and f"tau {fig['tau']:.2f}" in notes, fig
+            assert f"{fig['speedup']:.2f}x (" in notes and f"τ {fig['tau']:.2f}" in notes, fig
     cost = data["verify_cost"][0]
     assert data["machines"][cost["machine"]]["label"] in adv.measured_notes[0]
     assert f"{cost['relative']['9']:.1f}x" in adv.measured_notes[0]

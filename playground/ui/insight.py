@@ -104,7 +104,7 @@ def draft_panel_markdown(stats: dict | None, k: int | None, verify_cost: theory.
     if m is None:
         return "\n\n".join(lines + ["_Nothing was drafted: no suggestion._"])
     sug, cost = m.suggestion, verify_cost.monotone()
-    lines.append(f"**Measured:** α = {m.alpha:.2f}; c = (draft seconds per drafted token) / (verify seconds per "
+    lines.append(f"**Measured:** α = {100 * m.alpha:.0f}%; c = (draft seconds per drafted token) / (verify seconds per "
                  f"step) = {m.c_step:.3f}, i.e. {m.c:.3f} of a single-token target forward "
                  f"(× verify cost of {m.k + 1} tokens = {cost(m.k + 1):.2f}).")
     verdict = "" if sug.pays_off else " — even the best K is expected to be slower than plain decoding here"

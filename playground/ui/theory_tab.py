@@ -81,7 +81,7 @@ def measured_points(summary: dict | None) -> list[dict]:
         label = d["label"] + (f" (K={k})" if k else "")
         speedup = st["tokens_per_s"] / base
         points.append({"label": f"measured: {label}", "method": m, "alpha": round(st["alpha"], 4),
-                       "speedup": round(speedup, 4), "text": f"measured: {label}: α {st['alpha']:.2f}, {speedup:.2f}×"})
+                       "speedup": round(speedup, 4), "text": f"measured: {label}: α {100 * st['alpha']:.0f}%, {speedup:.2f}×"})
     return points
 
 
@@ -104,7 +104,7 @@ def render(alpha, c, ks, cs, mode, summary, engine_key: str) -> tuple:
         best_k, best = theory.optimal_k(alpha, c, cost)
         tau = theory.expected_tokens_per_step(alpha, best_k)
         verdict = "" if best > 1 else " **Speculation does not pay here: plain decoding is faster.**"
-        md = (f"### Optimal K for α = {alpha:.2f}, c = {c:g}: **K = {best_k}** "
+        md = (f"### Optimal K for α = {100 * alpha:.0f}%, c = {c:g}: **K = {best_k}** "
               f"(expected {best:.2f}×, τ = {tau:.2f}).{verdict}\n\n"
               f"Expected tokens per step (1 − α^(K+1)) / (1 − α); cost per step K·c + (verify cost of K + 1 "
               f"tokens), in single-token target forwards (Leviathan et al. 2023).\n\n"
