@@ -24,6 +24,7 @@ from playground.engine import K_PRESETS, LOOKAHEAD_PRESETS, MAX_SPECULATIVE_TOKE
 from playground.engine import AUTO_TREE, METHODS
 from playground.advisor_figures import MEASURED, DraftMeasurement, measure_draft, measured_speedups  # noqa: F401
 from playground.advisor_figures import describe_figure as _describe, fallback_verify_record, figure as _fig
+from playground.advisor_figures import fastest_measured
 
 # ----- measured figures ------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -73,8 +74,12 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("medusa_tree", "Medusa's candidate tree: on a GPU a large tree verifies almost for free; where verifying "
          "more tokens costs more (CPUs), a tree sized by this device's measured verify cost and the heads' "
          "accuracy.", "Cai et al. 2024 (tree attention); project measurements"),
-    Rule("measured_run", "What the Playground tab measured on this device beats the rules: among the methods "
-         "recommended, the one that ran fastest against the baseline comes first.", "project measurements"),
+    Rule("measured_run", "What the Playground tab measured on this device beats the rules and the project's "
+         "figures: of the methods the loaded models can run, the one that ran fastest against the baseline "
+         "comes first.", "project measurements"),
+    Rule("measured_figures", "Before a run on this page, for the embedded default model on a CPU like one the "
+         "project measured (Spec-Bench), the method that measured fastest there comes first.",
+         "project measurements"),
 )}
 """The advisor's rules, by id."""
 
@@ -183,6 +188,15 @@ class Situation:
     cpu_isa: str | None = None
     draft_run: DraftMeasurement | None = None
     run_speedups: dict[str, float] | None = None
+    available: tuple[str, ...] | None = None
+    """Methods the loaded models can run (None: every method, but the draft model only with
+    ``draft_loaded`` and Medusa only with ``medusa_loaded``)."""
+
+    def can_run(self, method: str) -> bool:
+        """Whether ``method`` can run with the loaded models (see :attr:`available`)."""
+        if self.available is not None:
+            return method in self.available
+        return {"draft_model": self.draft_loaded, "medusa": self.medusa_loaded}.get(method, method in METHODS)
 
     def check(self) -> None:
         """Raises ValueError naming a bad field and what is allowed."""
@@ -284,8 +298,8 @@ def _spec_bench_notes(s: Situation, methods: list[str]) -> list[str]:
             continue
         some = next(iter(figs.values()))
         setup = setup or some
-        parts.append(f"On {some['machine']}: " + ", ".join(
-            f"{_name(names, m)} {_describe(m, f)}" for m, f in figs.items()))
+        parts.append(f"On {some['machine']}, fastest first: " + ", ".join(
+            f"{_name(names, m)} {_describe(m, f)}" for m, f in sorted(figs.items(), key=lambda mf: -mf[1]["speedup"])))
         lossless &= all(f.get("lossless") for f in figs.values())
     if not parts:
         return []
@@ -293,12 +307,14 @@ def _spec_bench_notes(s: Situation, methods: list[str]) -> list[str]:
     head = (f"Spec-Bench, the embedded default model, {questions}, greedy, {setup['dtype']}, "
             f"{setup['threads']} threads (the project's measurements)")
     notes = [f"{head}. " + ". ".join(parts) + "." + (" All lossless." if lossless else "")]
-    figs = {m: f for m, f in MEASURED.get(s.cpu_isa, {}).items() if m in methods}
+    figs = MEASURED.get(s.cpu_isa, {})
     if figs:
         best = max(figs, key=lambda m: figs[m]["speedup"])
         what = "AVX-512" if s.cpu_isa == "avx512" else "AVX2 but no AVX-512"
+        shown = [m for m in methods if m in figs and m != best]
+        tail = "".join(f"; {_name(names, m)} {figs[m]['speedup']:.2f}x" for m in shown)
         notes.append(f"This CPU has {what}, like {figs[best]['machine']}, where {_name(names, best)} measured "
-                     f"fastest ({figs[best]['speedup']:.2f}x).")
+                     f"fastest ({figs[best]['speedup']:.2f}x){tail}.")
     return notes
 
 
@@ -402,14 +418,30 @@ def advise(s: Situation, verify_cost=None) -> Advice:
             side = "too large (slow to run)" if ratio < DRAFT_RATIO_RANGE[0] else "very small (rarely accepted)"
             reasons.append(("draft_size", f"your draft is {ratio:.1f}x smaller: {side}; the rule suggests about "
                                           f"{want:g} B for a {s.target_b:g} B target"))
-    # 1b. A run on this page measured the loaded methods: the fastest one that beat the baseline leads.
-    ran = {m: x for m, x in (s.run_speedups or {}).items() if m in (primary, *extra)}
-    if ran and max(ran.values()) > 1.0 and max(ran, key=ran.get) != primary:
+    # 1b. Measurements beat the rules: this run's (any method the loaded models can run that beat the
+    #     baseline), else, before a run, the project's figures for the embedded default on this CPU.
+    ran = {m: x for m, x in (s.run_speedups or {}).items() if s.can_run(m)}
+    figs = fastest_measured(s.cpu_isa, [m for m in METHODS if s.can_run(m)]) \
+        if s.device == "cpu" and s.target_b <= 0.2 and not ran else []
+    best = None
+    if ran and max(ran.values()) > 1.0:
         best = max(ran, key=ran.get)
+        if best != primary:
+            others = ", ".join(f"{METHODS[m].label} {x:.2f}x" for m, x in sorted(ran.items(), key=lambda mx: -mx[1])
+                               if m != best)
+            reasons.append(("measured_run", f"in the last run on the Playground tab {METHODS[best].label} measured "
+                                            f"{ran[best]:.2f}x the baseline, the fastest (then {others}): "
+                                            f"{METHODS[best].label} first"))
+    elif figs and figs[0][1]["speedup"] > 1.0:
+        best, top = figs[0]
+        if best != primary:
+            others = ", ".join(f"{METHODS[m].label} {f['speedup']:.2f}x" for m, f in figs[1:4])
+            reasons.append(("measured_figures", f"on {top['machine']} (Spec-Bench, the project's measurements) "
+                                                f"{METHODS[best].label} measured fastest, {top['speedup']:.2f}x the "
+                                                f"baseline (then {others}): {METHODS[best].label} first; a run on the "
+                                                "Playground tab measures this device"))
+    if best is not None and best != primary:
         extra = [primary] + [m for m in extra if m != best]
-        reasons.append(("measured_run", f"in the last run on the Playground tab {METHODS[best].label} measured "
-                                        f"{ran[best]:.2f}x the baseline, {METHODS[primary].label} "
-                                        f"{ran.get(primary, 0):.2f}x: {METHODS[best].label} first"))
         primary = best
     methods = ["autoregressive", primary, *extra]
     # 2. Copy-heavy tasks.
@@ -427,14 +459,15 @@ def advise(s: Situation, verify_cost=None) -> Advice:
         if s.draft_loaded and s.draft_run is not None:  # the draft panel's K, from the same function
             sug = s.draft_run.suggestion
             k = sug.k
-            reasons.append(("k_defaults", f"K = {k}, the draft panel's suggestion from the last run (measured "
-                                          f"alpha {s.draft_run.alpha:.2f}, draft cost {s.draft_run.c:.3f} of a "
+            reasons.append(("k_defaults", f"K = {k}, the draft panel's suggestion from this run (measured "
+                                          f"α {100 * s.draft_run.alpha:.0f}%, draft cost {s.draft_run.c:.3f} of a "
                                           f"target forward: expected {sug.speedup:.2f}x); the appetite presets "
                                           "are for drafts not measured here"))
         elif s.draft_loaded and s.draft_k is not None:
             k = s.draft_k
-            reasons.append(("k_defaults", f"K = {k} (the loaded draft's own, measured setting; the appetite "
-                                          "presets are for drafts without one)"))
+            reasons.append(("k_defaults", f"K = {k}, the loaded draft's own setting, the one the project measured "
+                                          "it with (before a run here; after a run on the Playground tab, K "
+                                          "follows that run; the appetite presets are for drafts without one)"))
         elif s.device == "cpu":
             k, _ = cpu_k(s.appetite, cost)
             reasons.append(("k_defaults", f"K = {k} ({s.appetite}, capped by this CPU's verify cost)"

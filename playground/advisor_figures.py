@@ -49,7 +49,7 @@ def figure(isa: str | None, method: str) -> dict | None:
 
 
 def describe_figure(method: str, fig: dict) -> str:
-    """``"1.28x (K = 2, tau 1.42, alpha 0.215)"``: one measured figure with the settings it ran with."""
+    """``"1.28x (K = 2, τ 1.42, α 21.5%)"``: one measured figure with the settings it ran with."""
     p = fig.get("params") or {}
     knobs = []
     if "k" in p:
@@ -58,9 +58,9 @@ def describe_figure(method: str, fig: dict) -> str:
         knobs.append(f"confidence {p['confidence']:g}")
     if method == "lookahead" and "window" in p:
         knobs.append(f"W, N, G = {p['window']}, {p['ngram_size']}, {p['guess_set_size']}")
-    knobs.append(f"tau {fig['tau']:.2f}")
+    knobs.append(f"τ {fig['tau']:.2f}")
     if fig.get("alpha") is not None:
-        knobs.append(f"alpha {fig['alpha']:.3g}")
+        knobs.append(f"α {100 * fig['alpha']:.1f}%")
     return f"{fig['speedup']:.2f}x ({', '.join(knobs)})"
 
 
@@ -112,3 +112,10 @@ def measure_draft(stats: dict | None, k, verify_cost) -> DraftMeasurement | None
     alpha = float(stats["alpha"])
     return DraftMeasurement(alpha, k, c_step, c, theory.suggest_k(alpha, c, cost),
                             theory.expected_speedup(alpha, k, c, cost))
+
+
+def fastest_measured(isa: str | None, available) -> list[tuple[str, dict]]:
+    """The project's measured figures on CPUs with instruction set ``isa`` of the methods in
+    ``available``, fastest first: ``[(method, figure), ...]`` (empty when there are none)."""
+    figs = [(m, f) for m, f in MEASURED.get(isa, {}).items() if m in available]
+    return sorted(figs, key=lambda mf: -mf[1]["speedup"])

@@ -132,19 +132,51 @@ def test_bad_situation_is_a_clear_error():
 
 def test_loaded_draft_wins_over_the_size_rules():
     """A target with a loaded draft of its tokenizer (the embedded default with its shipped distilled draft)
-    gets the draft model with the draft's own K, as measured (assets/measurements.json: 1.28x on the AVX-512
-    machine), not Lookahead; with Medusa heads loaded too, both are compared, and on an AVX2-only CPU Medusa
-    leads (1.18x against 1.07x there). Heads alone mean Medusa without training."""
+    gets the draft model with the draft's own K, not Lookahead, where no measured figure applies (CPU
+    unknown); with Medusa heads loaded too, both are compared. Heads alone mean Medusa without training."""
     default = dict(target_b=0.135, draft_b=0.00747, device="cpu", draft_loaded=True, draft_k=2)
     adv = advisor.advise(advisor.Situation(**default))
     assert adv.primary == "draft_model" and "loaded_draft" in adv.rule_ids()
     assert "target_too_small" not in adv.rule_ids() and adv.params["draft_model"] == {"k": 2}
-    adv = advisor.advise(advisor.Situation(**default, medusa_loaded=True, cpu_isa="avx512"))
+    adv = advisor.advise(advisor.Situation(**default, medusa_loaded=True))
     assert adv.primary == "draft_model" and adv.methods == ["autoregressive", "draft_model", "medusa"]
-    adv = advisor.advise(advisor.Situation(**default, medusa_loaded=True, cpu_isa="avx2"))
-    assert adv.primary == "medusa" and "draft_model" in adv.methods
     adv = advisor.advise(advisor.Situation(0.135, None, medusa_loaded=True))
     assert adv.primary == "medusa" and "loaded_medusa" in adv.rule_ids()
+
+
+def test_measured_figures_put_the_fastest_measured_method_first():
+    """Issue 20: before a run, the advice for the embedded default on a measured CPU leads with the method
+    the project measured fastest there (assets/measurements.json), not the draft; its note calls that
+    method the fastest and lists the others fastest first; the loaded draft's K says where it comes from."""
+    from playground.advisor_figures import MEASURED
+
+    default = dict(target_b=0.135, draft_b=0.00747, device="cpu", draft_loaded=True, draft_k=2, medusa_loaded=True)
+    for isa in ("avx512", "avx2"):
+        figs = MEASURED[isa]
+        best = max(figs, key=lambda m: figs[m]["speedup"])
+        adv = advisor.advise(advisor.Situation(**default, cpu_isa=isa))
+        assert adv.primary == best and "measured_figures" in adv.rule_ids(), isa
+        assert {"draft_model", "medusa"} <= set(adv.methods)
+        note = next(n for n in adv.measured_notes if n.startswith("This CPU has"))
+        assert f"measured fastest ({figs[best]['speedup']:.2f}x)" in note
+        listed = next(n for n in adv.measured_notes if n.startswith("Spec-Bench"))
+        speeds = [float(x) for x in re.findall(r" (\d\.\d+)x", listed.split("fastest first: ")[1].split(". On")[0])]
+        assert speeds == sorted(speeds, reverse=True)
+        assert any("the one the project measured it with (before a run here" in t for _, t in adv.reasons)
+    # Only what the loaded models can run: without the suffix and mixture methods, the next fastest leads.
+    avail = tuple(m for m in advisor.METHODS if m not in ("suffix", "mixture"))
+    adv = advisor.advise(advisor.Situation(**default, cpu_isa="avx512", available=avail))
+    assert adv.primary == max((m for m in MEASURED["avx512"] if m in avail), key=lambda m: MEASURED["avx512"][m]["speedup"])
+
+
+def test_a_run_beats_the_figures_and_every_runnable_method_counts():
+    """After a run, the fastest method of that run leads (even one the rules did not pick), and the
+    reason quotes the run's figures."""
+    s = advisor.Situation(0.135, 0.00747, device="cpu", draft_loaded=True, draft_k=2, cpu_isa="avx512",
+                          run_speedups={"draft_model": 0.8, "prompt_lookup": 1.3, "suffix": 1.1})
+    adv = advisor.advise(s)
+    assert adv.primary == "prompt_lookup" and "measured_run" in adv.rule_ids()
+    assert any("1.30x the baseline, the fastest" in t for _, t in adv.reasons)
 
 
 def test_cpu_notes_quote_the_measurements_file_and_name_the_machine():
@@ -157,7 +189,7 @@ def test_cpu_notes_quote_the_measurements_file_and_name_the_machine():
     for run in data["benchmarks"]:
         assert data["machines"][run["machine"]]["label"] in notes
         for fig in run["methods"].values():
-            assert f"{fig['speedup']:.2f}x (" in notes and f"tau {fig['tau']:.2f}" in notes, fig
+            assert f"{fig['speedup']:.2f}x (" in notes and f"τ {fig['tau']:.2f}" in notes, fig
     cost = data["verify_cost"][0]
     assert data["machines"][cost["machine"]]["label"] in adv.measured_notes[0]
     assert f"{cost['relative']['9']:.1f}x" in adv.measured_notes[0]

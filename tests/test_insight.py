@@ -52,13 +52,27 @@ def test_expected_speedup_hand_values():
 
 
 def test_verify_cost_made_monotone():
-    """A dip in a measured table (4 tokens cheaper than 1 and than 2) is raised to the running maximum."""
+    """A dip in a measured table (4 tokens cheaper than 1 and 2, 16 cheaper than 8) is pooled with its
+    neighbours (isotonic regression; 2 and 8, each above both neighbours, are first capped at the larger), so
+    the fit is non-decreasing and never below the unit; a monotone table is left as it is."""
     measured = theory.VerifyCost({1: 1.0, 2: 1.2, 4: 0.94, 8: 1.3, 16: 1.25}, {1: 0.064}, source="probe")
     fixed = measured.monotone()
-    assert dict(fixed.table) == {1: 1.0, 2: 1.2, 4: 1.2, 8: 1.3, 16: 1.3}
-    assert fixed(3) == pytest.approx(1.2) and fixed(12) == pytest.approx(1.3)
+    costs = [fixed.table[n] for n in sorted(fixed.table)]
+    assert costs == sorted(costs) and costs[0] == 1.0
+    assert fixed.table[2] == fixed.table[4] == 1.0 and fixed.table[8] == fixed.table[16] == 1.25
     assert fixed.seconds == {1: 0.064} and "non-decreasing" in fixed.source
     assert dict(theory.VerifyCost({1: 1.0, 8: 2.0}).monotone().table) == {1: 1.0, 8: 2.0}
+    assert theory.isotonic([1, 3, 2, 4]) == [1, 2.5, 2.5, 4]
+
+
+def test_one_outlier_cannot_lift_the_verify_cost_curve():
+    """Issue 20: one noisy sample (2 tokens timed 2.58 between 1.0 and 1.25) lifted every later point to
+    2.58 with a running maximum; the robust fit caps it at its neighbours and leaves the rest as timed."""
+    raw = theory.VerifyCost({1: 1.0, 2: 2.58, 3: 1.25, 5: 1.4, 9: 1.8, 17: 2.6}, source="measured on this device (t)")
+    fit = raw.monotone()
+    assert dict(fit.table) == {1: 1.0, 2: 1.25, 3: 1.25, 5: 1.4, 9: 1.8, 17: 2.6}
+    spike_late = theory.VerifyCost({1: 1.0, 2: 1.1, 3: 1.2, 5: 9.0, 9: 1.6, 17: 2.2}).monotone()
+    assert spike_late(9) == pytest.approx(1.6) and spike_late(5) == pytest.approx(1.6) and spike_late(3) == 1.2
 
 
 def test_optimal_k_hand_values():
@@ -156,19 +170,57 @@ def test_advisor_tab_number_boxes_leave_bounds_to_the_handler_and_apply_confirms
 
 
 def test_theory_tab_shows_a_non_decreasing_verify_cost():
-    """A measured dip (3 tokens timed cheaper than 2, as on a busy machine) is shown raised to the cost of
-    fewer tokens, with the raw timing and a word that such timings are noisy."""
+    """A measured spike (2 tokens timed far above 1 and 3, as on a busy machine) is shown capped at its
+    neighbours, with the raw timing and a word that such timings are noisy; it does not lift 3 and 5."""
     from playground.ui import insight, theory_tab
 
     key = "test-theory-monotone"
-    insight.VERIFY_COSTS[key] = theory.VerifyCost({1: 1.0, 2: 1.69, 3: 1.15, 5: 1.8}, {1: 0.06, 2: 0.1, 3: 0.07,
+    insight.VERIFY_COSTS[key] = theory.VerifyCost({1: 1.0, 2: 2.58, 3: 1.25, 5: 1.8}, {1: 0.06, 2: 0.15, 3: 0.075,
                                                   5: 0.11}, source="measured on this device (test)").as_dict()
     try:
         _, md = theory_tab.render(0.7, 0.05, [2], [0.05], theory_tab.MEASURED, None, key)
     finally:
         del insight.VERIFY_COSTS[key]
-    assert "3: 1.69" in md and "3 tokens timed 1.15" in md and "noisy" in md and "measured on this device" in md
-    assert "3: 1.15" not in md
+    assert "2: 1.25 | 3: 1.25 | 5: 1.80" in md and "2 tokens timed 2.58, fitted 1.25" in md
+    assert "noisy" in md and "measured on this device" in md and "3: 2.58" not in md
+
+
+def test_every_panel_reads_the_engines_one_verify_cost_curve():
+    """Issue 20: the Theory tab's row, the "why this speed" lines and the draft panel read one curve (the
+    engine's kept Engine.verify_cost, else the project's) and name the same source."""
+    from collections import Counter
+
+    from playground.ui import insight, step_inspector, theory_tab, worker
+
+    curve = theory.VerifyCost({1: 1.0, 2: 1.1, 3: 1.37, 5: 1.6, 9: 2.0, 17: 3.0}, {1: 0.05},
+                              source="measured on this device (cpu, float32, probe) at 12:46:00")
+
+    class _Engine:
+        def has_persistent(self, key):
+            return key == "verify_cost"
+
+        def verify_cost(self):
+            return curve
+
+    key = worker.register(_Engine())
+    try:
+        assert insight.verify_cost_for(key) is curve
+        cost, used = step_inspector._cost_curve(None, key)
+        assert cost(3, True) == pytest.approx(1.37) and used.table == curve.monotone().table
+        _, md = theory_tab.render(0.7, 0.05, [2], [0.05], theory_tab.MEASURED, None, key)
+        assert "3: 1.37" in md and "at 12:46:00" in md
+        store = step_inspector.RunSteps(["draft_model"])
+        store.stats = {"draft_model": {"steps": 5, "new_tokens": 9, "proposed": 8, "alpha": 0.5, "elapsed_s": 1.0,
+                                       "ttft_s": 0.2, "draft_s": 0.1, "verify_s": 0.7, "tokens_per_s": 9.0, "tau": 1.8}}
+        store.pass_sizes["draft_model"] = Counter({3: 4})
+        why = step_inspector.why_markdown(None, key, store)
+        assert "verifying 1.37 for a pass over 3.0 tokens" in why and "at 12:46:00" in why
+        panel = insight.draft_panel_markdown(store.stats["draft_model"], 2, insight.verify_cost_for(key))
+        assert "at 12:46:00" in panel and "1.37" in panel
+        before = step_inspector.why_markdown(None, "no-such-engine", store)
+        assert "not on this device" in before and insight.verify_cost_source(theory.FALLBACK) in before
+    finally:
+        del worker.ENGINES[key]
 
 
 def test_presets_and_command_line():

@@ -130,9 +130,9 @@ def test_tokens_per_step_small_multiples_and_theory_points():
     assert [a.text for a in fig.layout.annotations] == ["Autoregressive", "Prompt lookup", "Draft model"]
     assert fig.layout.xaxis3.title.text and all(fig.layout[f"yaxis{i}"].title.text == "tokens" for i in ("", 2, 3))
     points = [{"label": "measured: Prompt lookup", "method": "prompt_lookup", "alpha": 0.5, "speedup": 1.2,
-               "text": "measured: Prompt lookup: α 0.50, 1.20×"},
+               "text": "measured: Prompt lookup: α 50%, 1.20×"},
               {"label": "measured: Lookahead", "method": "lookahead", "alpha": 0.51, "speedup": 1.21,
-               "text": "measured: Lookahead: α 0.51, 1.21×"}]
+               "text": "measured: Lookahead: α 51%, 1.21×"}]
     fig = charts.theory_figure({"K=2, c=0.05": ([0, 1], [1, 2])}, points)
     marks = [t for t in fig.data if t.mode == "markers"]
     assert [t.name for t in marks] == [p["text"] for p in points] and not any(t.text for t in marks)

@@ -119,3 +119,33 @@ def test_a_large_tree_is_drawn_in_part():
     drawn = len(re.findall(r'data-node="\d+"', out))
     assert drawn <= si.MAX_NODES_DRAWN and f"… {n - drawn} more nodes not drawn" in out
     assert all(f'<li class="node-accepted" data-node="{i}"' in out for i in (0, 1, 3))
+
+
+def test_verdict_and_why_line_give_the_same_speedup_and_tau():
+    """Issue 20: the end-of-run verdict and the "why this speed" line of the same run print one speedup and
+    one τ (the stats line's: RunStats tokens_per_s over the baseline's, and RunStats tau); the why-line's
+    decode-only figures are labelled as such. Here the prompt's cost makes the two definitions differ."""
+    import re
+
+    from playground.ui import guide
+
+    base = {"steps": 21, "new_tokens": 21, "elapsed_s": 3.0, "ttft_s": 2.0, "tokens_per_s": 7.0, "tau": 1.0}
+    mix = {"steps": 11, "new_tokens": 21, "proposed": 40, "alpha": 0.25, "elapsed_s": 2.5, "ttft_s": 2.0,
+           "draft_s": 0.05, "verify_s": 0.45, "tokens_per_s": 8.4, "tau": 21 / 11}
+    summary = {"baseline_tokens_per_s": 7.0, "greedy": True, "methods": {
+        "autoregressive": {"label": "Autoregressive", "params": {}, "stats": base, "lossless": None},
+        "mixture": {"label": "Mixture", "params": {}, "stats": mix, "lossless": "match"}}}
+    verdict = guide.run_verdict(summary)
+    v_speed, v_tau = re.search(r"Mixture, ([\d.]+)× the baseline, τ ([\d.]+)", verdict).groups()
+    store = si.RunSteps(["autoregressive", "mixture"])
+    store.stats = {"autoregressive": base, "mixture": mix}
+    store.pass_sizes["mixture"][5] = 10
+    store.chain_steps["mixture"] = [10, 0]
+    f = si.speed_figures(mix, store.pass_sizes["mixture"], [10, 0], lambda q, chain: 1.5, base)
+    line = si.why_line("Mixture", f)
+    w_speed, w_tau = re.search(r"\*\*Mixture:\*\* ([\d.]+)× the baseline, τ ([\d.]+) over the whole run", line).groups()
+    assert (w_speed, w_tau) == (v_speed, v_tau) == ("1.20", "1.91")
+    assert "Decoding steps only" in line and "× measured (decoding only)" in line
+    assert f["measured"] != f["overall"]  # the decode-only figure differs, and is labelled
+    md = si.why_markdown(None, "no-such-engine", store)
+    assert "**Mixture:** 1.20× the baseline, τ 1.91" in md

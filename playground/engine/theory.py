@@ -113,15 +113,15 @@ class VerifyCost:
         return max(costs[0], costs[lo] + slope * (n - sizes[lo]))
 
     def monotone(self) -> "VerifyCost":
-        """The same table made non-decreasing in n: each cost is raised to the largest cost of any
-        smaller n (1.0 at n = 1 stays the floor). A forward over more tokens never costs less,
-        so a dip in a measured table is timing noise, and a planner that believed it would
-        overrate big trees."""
-        table, top = {}, 0.0
-        for n in sorted(self.table):
-            top = max(top, float(self.table[n]))
-            table[n] = top
-        return VerifyCost(table, self.seconds, f"{self.source} (made non-decreasing in n)" if self.source else "")
+        """The same table fitted robustly to a non-decreasing curve in n (:func:`robust_monotone`):
+        a spike (one size timed above both its neighbours, as a busy machine does) is capped at the
+        larger neighbour, then dips are pooled with their neighbours (isotonic regression), so one
+        noisy sample moves only its own neighbourhood, never the whole curve. The cost at the
+        smallest n (1.0 at n = 1) stays the floor."""
+        sizes = sorted(self.table)
+        fitted = robust_monotone([float(self.table[n]) for n in sizes])
+        return VerifyCost(dict(zip(sizes, fitted)), self.seconds,
+                          f"{self.source} (made non-decreasing in n)" if self.source else "")
 
     def as_dict(self) -> dict:
         """Plain data (JSON- and pickle-safe): ``{"table": {n: cost}, "seconds": {...}, "source": str}``."""
@@ -132,6 +132,36 @@ class VerifyCost:
     def from_dict(cls, d: Mapping) -> "VerifyCost":
         return cls({int(k): float(v) for k, v in d["table"].items()},
                    {int(k): float(v) for k, v in (d.get("seconds") or {}).items()}, d.get("source", ""))
+
+
+def isotonic(values: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in least squares (pool-adjacent-violators):
+    each run of values that decreases is replaced by its mean. ``[1, 3, 2, 4]`` -> ``[1, 2.5, 2.5, 4]``."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, n1), (m2, n2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(int(n))]
+
+
+def robust_monotone(costs: Sequence[float]) -> list[float]:
+    """A non-decreasing fit of costs measured at increasing sizes, robust to one noisy sample.
+
+    Steps: 1. cap each interior point at the larger of its two neighbours (a spike above both is
+    noise: on a monotone curve the cap changes nothing); 2. isotonic regression
+    (:func:`isotonic`) of the capped points; 3. nothing below the first point (the unit, n = 1),
+    which keeps its value. ``[1, 2.58, 1.25, 1.4, 1.8]`` -> ``[1, 1.25, 1.25, 1.4, 1.8]``, where a
+    running maximum would give ``[1, 2.58, 2.58, 2.58, 2.58]``.
+    """
+    costs = [float(c) for c in costs]
+    if len(costs) < 2:
+        return costs
+    capped = [costs[0]] + [min(costs[i], max(costs[i - 1], costs[i + 1])) for i in range(1, len(costs) - 1)] \
+        + [costs[-1]]
+    fitted = isotonic(capped)
+    return [costs[0]] + [max(costs[0], v) for v in fitted[1:]]
 
 
 CONSTANT_VERIFY_COST = VerifyCost({1: 1.0}, source="constant 1 (the paper's assumption: verifying K + 1 "
@@ -184,9 +214,10 @@ def measure_verify_cost(target, sizes: Sequence[int] = DEFAULT_MEASURE_SIZES, *,
                         repeats: int = 5) -> VerifyCost:
     """Time one target forward over n tokens for each n in ``sizes``, relative to n = 1.
 
-    Builds a KV cache of ``prefix_len`` tokens once, then for each size runs ``repeats`` forwards
-    of n fresh tokens after that prefix (the cache is cropped back after each) and keeps the
-    median. n = 1 is always measured (it is the unit).
+    Builds a KV cache of ``prefix_len`` tokens once, then runs ``repeats`` rounds, each timing one
+    forward of n fresh tokens after that prefix for every size in turn (the cache is cropped back
+    after each; rounds rather than one size at a time, so a burst of load spreads over all sizes),
+    and keeps each size's median. n = 1 is always measured (it is the unit).
 
     Args:
         target: a :class:`~playground.engine.target.CausalLM`, or a loaded model
@@ -220,18 +251,17 @@ def measure_verify_cost(target, sizes: Sequence[int] = DEFAULT_MEASURE_SIZES, *,
     low = 100 if vocab > 200 else 0  # past the special tokens of a real vocabulary
     cache = lm.new_cache()
     lm.forward(cache, torch.randint(low, vocab, (prefix_len,), generator=gen))
-    seconds: dict[int, float] = {}
-    for n in sizes:
-        times = []
-        for r in range(repeats + 1):
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for r in range(repeats + 1):  # rounds over all sizes: a burst of load hits every size alike
+        for n in sizes:
             ids = torch.randint(low, vocab, (n,), generator=gen)
             t0 = lm.clock()
             lm.forward(cache, ids)
             t = lm.clock() - t0
             CausalLM.crop(cache, prefix_len)
-            if r:  # the first is a warm-up
-                times.append(t)
-        seconds[n] = statistics.median(times)
+            if r:  # the first round is a warm-up
+                times[n].append(t)
+    seconds = {n: statistics.median(ts) for n, ts in times.items()}
     name = getattr(target, "name", None) or type(lm.model).__name__
     device = str(lm.device)
     dtype = str(lm.dtype).removeprefix("torch.")

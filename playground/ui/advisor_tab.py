@@ -15,7 +15,7 @@ import logging
 import gradio as gr
 
 from playground import advisor, presets
-from playground.engine import BASELINE, METHODS, theory
+from playground.engine import BASELINE, METHODS
 
 from .wording import choice_label, unavailable_text
 
@@ -167,7 +167,10 @@ def advise(engine, *values, summary: dict | None = None, engine_key: str | None 
         s = situation(*values, draft_k=draft_k, cpu_isa=advisor.cpu_isa())
         here = s.device == ("cpu" if str(getattr(getattr(engine, "target", None), "device", "cpu")) == "cpu" else "gpu")
         draft_run, speeds = run_figures(summary, _page_cost(engine, engine_key)) if here else (None, {})
-        s = dataclasses.replace(s, draft_run=draft_run if s.draft_loaded else None, run_speedups=speeds or None)
+        off = {"draft_model": not s.draft_loaded, "medusa": not s.medusa_loaded}
+        available = tuple(m for m in METHODS if not off.get(m) and _runnable(engine, m)) if here else None
+        s = dataclasses.replace(s, draft_run=draft_run if s.draft_loaded else None, run_speedups=speeds or None,
+                                available=available)
         adv = advisor.advise(s, verify_cost=_measured_cost(engine, engine_key))
     except (TypeError, ValueError) as e:
         return (f"**Cannot advise:** {html.escape(str(e))}.\n\nAllowed: a target size above 0 and at most "
@@ -182,13 +185,22 @@ def _engine_key(engine) -> str | None:
     return next((k for k, e in worker.ENGINES.items() if e is engine), None)  # the Theory tab registered it
 
 
+def _runnable(engine, method: str) -> bool:
+    """Whether the loaded models can run ``method`` (the engine's own reason, where it gives one)."""
+    reason = getattr(engine, "unavailable_reason", None)
+    try:
+        return reason is None or reason(method) is None
+    except Exception:  # noqa: BLE001 - a stand-in engine without models: count it as runnable
+        return True
+
+
 def _measured_cost(engine, key: str | None = None):
-    """This device's verify cost if the Theory tab has measured it (made non-decreasing), else None."""
+    """This device's verify cost when measured (the page's one curve, ``insight.verify_cost_for``, fitted
+    non-decreasing as the Theory tab shows it), else None (the advisor then uses the project's)."""
     from . import insight
 
-    key = key or _engine_key(engine)
-    d = insight.VERIFY_COSTS.get(key) if key else None
-    return theory.VerifyCost.from_dict(d).monotone() if d else None
+    cost = insight.verify_cost_for(key or _engine_key(engine) or "")
+    return cost.monotone() if insight.measured_here(cost) else None
 
 
 def _page_cost(engine, key: str | None = None):

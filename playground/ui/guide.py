@@ -85,6 +85,17 @@ def _speed(stats: Mapping) -> float:
     return float(stats.get("tokens_per_s") or 0.0)
 
 
+def overall_figures(stats: Mapping, baseline_tokens_per_s: float | None) -> tuple[float | None, float | None]:
+    """``(speedup, tau)`` of a method over the whole run, the page's one definition (the stats line's):
+    its ``RunStats`` tokens_per_s (prompt processing included) over the baseline's in the same run
+    (None without a baseline), and its ``RunStats`` tau (the first token's step included). The verdict
+    and the "why this speed" lines both print these."""
+    base = float(baseline_tokens_per_s or 0.0)
+    speedup = _speed(stats) / base if base > 0 and _speed(stats) > 0 else None
+    tau = stats.get("tau")
+    return speedup, None if tau is None else float(tau)
+
+
 def _tau(stats: Mapping) -> str:
     tau = stats.get("tau")
     return "" if tau is None else f", τ {tau:.2f}"
@@ -155,8 +166,8 @@ def run_verdict(summary: Mapping | None) -> str:
     else:
         best = max(others, key=lambda m: _speed(others[m]["stats"]))
         d = others[best]
-        if base:
-            ratio = _speed(d["stats"]) / base
+        ratio, _ = overall_figures(d["stats"], base)
+        if ratio is not None:
             if ratio >= 1 or len(others) == 1:
                 head = f"Fastest: {d['label']}, {ratio:.2f}× the baseline{_tau(d['stats'])}"
             else:

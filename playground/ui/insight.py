@@ -17,19 +17,38 @@ from playground.engine import METHODS
 from playground.engine import LOOKAHEAD_PRESETS
 from playground.advisor_figures import measure_draft
 
-from . import charts
+from . import charts, worker
 
 VERIFY_COSTS: dict[str, dict] = {}
-"""Engine key -> measured ``VerifyCost.as_dict()`` (filled lazily by the Theory tab)."""
+"""Engine key -> the engine's kept verify cost (``Engine.verify_cost().as_dict()``) as the Theory tab
+last fetched it (a ZeroGPU child measures it in another process, so the page keeps a copy)."""
 
 CUSTOM = "custom"
 """The Lookahead preset dropdown's value when the sliders match no preset."""
 
 
 def verify_cost_for(engine_key: str) -> theory.VerifyCost:
-    """The measured verify cost of this engine's target if measured, else the fallback table."""
+    """The one verify-cost curve every part of the page reads: the engine's kept curve
+    (``Engine.verify_cost``, as the Theory tab last fetched it, or as the engine holds it when another
+    part measured it, e.g. EAGLE's tree sizing), else the project's measurement (``theory.FALLBACK``).
+    Raw (as timed); callers use ``.monotone()``, the fit shown on the Theory tab."""
     d = VERIFY_COSTS.get(engine_key)
-    return theory.VerifyCost.from_dict(d) if d else theory.FALLBACK
+    if d:
+        return theory.VerifyCost.from_dict(d)
+    engine = worker.ENGINES.get(engine_key)
+    if engine is not None and getattr(engine, "has_persistent", lambda k: False)("verify_cost"):
+        return engine.verify_cost()
+    return theory.FALLBACK
+
+
+def measured_here(cost: theory.VerifyCost) -> bool:
+    """Whether ``cost`` was measured on this device (not the project's measurement or a constant)."""
+    return cost.source.startswith("measured on this device")
+
+
+def verify_cost_source(cost: theory.VerifyCost) -> str:
+    """Where a verify cost was measured, in the words every panel uses (without the fit's note)."""
+    return cost.source.replace(" (made non-decreasing in n)", "")
 
 
 def _colors() -> dict[str, str]:
@@ -85,19 +104,14 @@ def draft_panel_markdown(stats: dict | None, k: int | None, verify_cost: theory.
     if m is None:
         return "\n\n".join(lines + ["_Nothing was drafted: no suggestion._"])
     sug, cost = m.suggestion, verify_cost.monotone()
-    lines.append(f"**Measured:** α = {m.alpha:.2f}; c = (draft seconds per drafted token) / (verify seconds per "
+    lines.append(f"**Measured:** α = {100 * m.alpha:.0f}%; c = (draft seconds per drafted token) / (verify seconds per "
                  f"step) = {m.c_step:.3f}, i.e. {m.c:.3f} of a single-token target forward "
                  f"(× verify cost of {m.k + 1} tokens = {cost(m.k + 1):.2f}).")
     verdict = "" if sug.pays_off else " — even the best K is expected to be slower than plain decoding here"
     lines.append(f"**Suggested K = {sug.k}** (expected {sug.speedup:.2f}×, τ {sug.tokens_per_step:.2f}); "
                  f"K = {m.k} as run: expected {m.speedup_as_run:.2f}×{verdict}. The Advisor tab uses this K. "
-                 f"Verify cost: {html.escape(_source_text(verify_cost))}.")
+                 f"Verify cost (the Theory tab's curve): {html.escape(verify_cost_source(verify_cost))}.")
     return "\n\n".join(lines)
-
-
-def _source_text(cost: theory.VerifyCost) -> str:
-    """Where a verify cost was measured, without the engine's note on how it was smoothed."""
-    return cost.source.replace(" (made non-decreasing in n)", "")
 
 
 def build_draft_panel() -> list:

@@ -28,7 +28,7 @@ import plotly.graph_objects as go
 
 from playground.engine import BASELINE, METHODS, SOURCE_TARGET, source_labels
 
-from . import charts, insight, render
+from . import charts, guide, insight, render
 
 MAX_STEPS_KEPT = 512
 """Steps kept per method for the inspector (the most recent; older ones are dropped)."""
@@ -244,16 +244,11 @@ def _bonus_li(bonus: str) -> str:
 
 # ----- why this speed -------------------------------------------------------------------------------
 def _cost_curve(engine, engine_key: str):
-    """``(cost(q, is_chain) -> plain steps, measured here?)``: the step-cost curve the per-step budget
-    measured, else the verify-cost curve the Theory tab measured, else the project's reference curve."""
-    if engine is not None and engine.has_persistent("step_cost"):
-        cost = engine.persistent("step_cost", lambda: None)
-        return (lambda q, chain: cost(q, chain)), True
-    if engine is not None and engine.has_persistent("verify_cost"):
-        vc = engine.persistent("verify_cost", lambda: None)
-        return (lambda q, chain: vc(q)), True
-    vc = insight.verify_cost_for(engine_key)
-    return (lambda q, chain: vc(q)), engine_key in insight.VERIFY_COSTS
+    """``(cost(q, is_chain) -> plain steps, the curve)``: the page's one verify-cost curve
+    (``insight.verify_cost_for``: the engine's kept ``Engine.verify_cost``, else the project's
+    measurement), fitted as the Theory tab shows it (``.monotone()``)."""
+    vc = insight.verify_cost_for(engine_key).monotone()
+    return (lambda q, chain: vc(q)), vc
 
 
 def speed_figures(stats: dict, pass_sizes: Counter, chain_steps: list[int], cost, baseline_stats: dict | None):
@@ -268,10 +263,12 @@ def speed_figures(stats: dict, pass_sizes: Counter, chain_steps: list[int], cost
             plain steps), or None.
 
     Returns:
-        ``{"tau", "alpha", "per_step", "pass", "verify", "draft", "step", "expected", "measured"}``:
-        decode-step τ (first token excluded), α, candidates per step, mean pass size, verify and draft
-        cost per step in plain steps, their sum, τ / step cost, and the measured decode speedup
-        over the baseline (None without it).
+        ``{"overall", "tau_overall", "tau", "alpha", "per_step", "pass", "verify", "draft", "step",
+        "expected", "measured"}``: the run's speedup and τ as the stats line and the verdict give them
+        (``guide.overall_figures``; speedup None without a baseline); then decoding steps only (the
+        first token and the prompt excluded): τ, α, candidates per step, mean pass size, verify and
+        draft cost per step in plain steps, their sum, τ / step cost, and the measured decode-only
+        speedup over the baseline (None without it).
     """
     steps = stats.get("steps", 0) - 1
     if steps < 1 or not pass_sizes:
@@ -291,7 +288,8 @@ def speed_figures(stats: dict, pass_sizes: Counter, chain_steps: list[int], cost
         plain_s = verify_s / steps / verify if verify_s > 0 else None
     draft = draft_s / steps / plain_s if plain_s else 0.0
     tau = (stats.get("new_tokens", 1) - 1) / steps
-    return {"tau": tau, "alpha": stats.get("alpha"), "per_step": stats.get("proposed", 0) / steps,
+    overall, tau_overall = guide.overall_figures(stats, (baseline_stats or {}).get("tokens_per_s"))
+    return {"overall": overall, "tau_overall": tau_overall, "tau": tau, "alpha": stats.get("alpha"), "per_step": stats.get("proposed", 0) / steps,
             "pass": sum(q * n for q, n in pass_sizes.items()) / total, "verify": verify, "draft": draft,
             "step": verify + draft, "expected": tau / (verify + draft), "measured": measured}
 
@@ -303,11 +301,15 @@ def why_line(label: str, f: dict | None, is_baseline: bool = False) -> str:
     if is_baseline:
         return f"**{label}:** the baseline: one token per step, each step one plain target pass."
     alpha = "" if f["alpha"] is None else f" (α {100 * f['alpha']:.0f}% of {f['per_step']:.1f} candidates a step)"
-    line = (f"**{label}:** τ {f['tau']:.2f} tokens per step{alpha}; each step costs {f['step']:.2f} plain steps "
-            f"(drafting {f['draft']:.2f}, verifying {f['verify']:.2f} for a pass over {f['pass']:.1f} tokens) → "
-            f"{f['expected']:.2f}× expected")
+    whole = [] if f.get("overall") is None else [f"{f['overall']:.2f}× the baseline"]
+    if f.get("tau_overall") is not None:
+        whole.append(f"τ {f['tau_overall']:.2f}")
+    line = f"**{label}:** " + (", ".join(whole) + " over the whole run (as in the verdict). " if whole else "")
+    line += (f"Decoding steps only (prompt and first token excluded): τ {f['tau']:.2f} tokens per step{alpha}; "
+             f"each step costs {f['step']:.2f} plain steps (drafting {f['draft']:.2f}, verifying {f['verify']:.2f} "
+             f"for a pass over {f['pass']:.1f} tokens) → {f['expected']:.2f}× expected")
     if f["measured"] is not None:
-        line += f", {f['measured']:.2f}× measured"
+        line += f", {f['measured']:.2f}× measured (decoding only)"
     if f["expected"] < 1:
         gain, loss = f["tau"] - 1, f["step"] - 1
         if f["per_step"] == 0:
@@ -326,7 +328,7 @@ def why_markdown(engine, engine_key: str, store: RunSteps | None) -> str:
     """The "why this speed" lines of every method of the last run (``#why-speed``)."""
     if store is None or not store.stats:
         return "_Run some methods: each gets a line on why it runs at its speed._"
-    cost, here = _cost_curve(engine, engine_key)
+    cost, curve = _cost_curve(engine, engine_key)
     base = store.stats.get(BASELINE)
     lines = []
     for m in store.methods:
@@ -334,10 +336,11 @@ def why_markdown(engine, engine_key: str, store: RunSteps | None) -> str:
         f = speed_figures(store.stats.get(m, {}), store.pass_sizes[m], store.chain_steps[m], cost,
                           base if m != BASELINE else None)
         lines.append(why_line(label, f, m == BASELINE))
-    where = "this device's measured verify cost" if here else \
-        "a reference machine's verify cost (this device is not measured yet: the Theory tab measures it)"
-    return ("**Why this speed** (decoding steps after the first token; one plain step = one target pass over "
-            f"one token; verify cost from {where}):\n\n" + "\n\n".join(lines))
+    where = insight.verify_cost_source(curve)
+    if not insight.measured_here(curve):
+        where += "; the Theory tab measures this device"
+    return ("**Why this speed** (one plain step = one target pass over one token; verify cost from the Theory "
+            f"tab's curve, {where}):\n\n" + "\n\n".join(lines))
 
 
 # ----- the per-step chart ----------------------------------------------------------------------------

@@ -5,9 +5,11 @@ Formulas from :mod:`playground.engine.theory` (Leviathan et al. 2023): expected 
 The verify cost is measured on this device with the loaded target the first time the tab opens
 (cached per engine in :data:`insight.VERIFY_COSTS`); until then, or on request, the project's own
 measurement on another CPU (``theory.FALLBACK``, from ``assets/measurements.json``, which
-``python -m playground.measure --verify-cost`` rewrites) or the paper's constant 1 is used. Whatever the source, the cost used and shown is made
-non-decreasing in the number of tokens (``VerifyCost.monotone``), since timings on a busy
-machine are noisy. The last run's measured (alpha, speedup) points are
+``python -m playground.measure --verify-cost`` rewrites) or the paper's constant 1 is used. The
+measured curve is the engine's one kept curve (``Engine.verify_cost``), which the "why this speed"
+lines, the draft panel and the advisor read too. Whatever the source, the cost used and shown is
+fitted robustly to a non-decreasing curve (``VerifyCost.monotone``: spikes capped, then isotonic
+regression), since timings on a busy machine are noisy. The last run's measured (alpha, speedup) points are
 overlaid.
 """
 
@@ -27,7 +29,8 @@ C_CHOICES = [0.0, 0.02, 0.05, 0.1, 0.2, 0.5]
 MEASURED, FALLBACK, CONSTANT = ("measured on this device", "measured by the project on another CPU",
                                 "constant 1 (paper's assumption)")
 MEASURE_SIZES = sorted({*theory.DEFAULT_MEASURE_SIZES, MAX_SPECULATIVE_TOKENS + 1})
-"""Tokens per forward timed on this device: K + 1 for K = 1, 2, 4, 8, 16."""
+"""Tokens per forward shown in the tab's cost row: K + 1 for K = 1, 2, 4, 8, 16 (the engine's curve
+is measured at ``theory.VERIFY_COST_SIZES``, which hold these)."""
 ALPHAS = [i / 100 for i in range(0, 101)]
 SMOOTHED_NOTE = " (made non-decreasing in n)"
 """What ``VerifyCost.monotone`` appends to a cost's source; the tab says it in words instead."""
@@ -47,19 +50,21 @@ def _cost(mode: str, engine_key: str) -> tuple[theory.VerifyCost, theory.VerifyC
 
 
 def verify_cost_markdown(cost: theory.VerifyCost, raw: theory.VerifyCost, sizes=(1, 2, 3, 5, 9, 17)) -> str:
-    """The verify-cost row shown under the chart: the non-decreasing cost, and where it differs
-    from the raw timing, the raw value too, with a word on noise."""
+    """The verify-cost row shown under the chart: the fitted non-decreasing cost, and where the fit
+    differs from the raw timing, the raw value too, with a word on noise."""
     rows = " | ".join(f"{n}: {cost(n):.2f}" for n in sizes)
-    raised = [n for n in sorted(raw.table) if cost(n) > raw(n) + 1e-9]
-    md = f"**Verify cost** (tokens per forward: relative cost, non-decreasing) {rows}"
-    if raised:
-        md += ("  \nRaised to the cost of fewer tokens where a timing came out lower: "
-               + ", ".join(f"{n} tokens timed {raw(n):.2f}" for n in raised)
-               + ". A forward over more tokens never costs less; such a dip is noise.")
+    moved = [n for n in sorted(raw.table) if abs(cost(n) - raw(n)) > 0.005]
+    md = f"**Verify cost** (tokens per forward: relative cost, fitted non-decreasing) {rows}"
+    if moved:
+        md += ("  \nSmoothed where a timing stood out from its neighbours: "
+               + ", ".join(f"{n} tokens timed {raw(n):.2f}, fitted {cost(n):.2f}" for n in moved)
+               + ". A forward over more tokens never costs less, and one size timed far above both neighbours "
+               "is noise: such a point is capped at its neighbours, then dips are averaged with them, so one "
+               "noisy timing cannot lift the whole curve.")
     if raw.seconds:
         md += ("  \nTimings on a busy machine (another run, the benchmark, other programs) are noisy: "
                "press **Measure again** when it is quiet.")
-    return md + f"  \n_{html.escape(cost.source.replace(SMOOTHED_NOTE, ''))}_"
+    return md + f"  \n_{html.escape(insight.verify_cost_source(cost))}_"
 
 
 def measured_points(summary: dict | None) -> list[dict]:
@@ -76,7 +81,7 @@ def measured_points(summary: dict | None) -> list[dict]:
         label = d["label"] + (f" (K={k})" if k else "")
         speedup = st["tokens_per_s"] / base
         points.append({"label": f"measured: {label}", "method": m, "alpha": round(st["alpha"], 4),
-                       "speedup": round(speedup, 4), "text": f"measured: {label}: α {st['alpha']:.2f}, {speedup:.2f}×"})
+                       "speedup": round(speedup, 4), "text": f"measured: {label}: α {100 * st['alpha']:.0f}%, {speedup:.2f}×"})
     return points
 
 
@@ -99,7 +104,7 @@ def render(alpha, c, ks, cs, mode, summary, engine_key: str) -> tuple:
         best_k, best = theory.optimal_k(alpha, c, cost)
         tau = theory.expected_tokens_per_step(alpha, best_k)
         verdict = "" if best > 1 else " **Speculation does not pay here: plain decoding is faster.**"
-        md = (f"### Optimal K for α = {alpha:.2f}, c = {c:g}: **K = {best_k}** "
+        md = (f"### Optimal K for α = {100 * alpha:.0f}%, c = {c:g}: **K = {best_k}** "
               f"(expected {best:.2f}×, τ = {tau:.2f}).{verdict}\n\n"
               f"Expected tokens per step (1 − α^(K+1)) / (1 − α); cost per step K·c + (verify cost of K + 1 "
               f"tokens), in single-token target forwards (Leviathan et al. 2023).\n\n"
@@ -112,11 +117,12 @@ def render(alpha, c, ks, cs, mode, summary, engine_key: str) -> tuple:
 
 
 def measure_then_render(alpha, c, ks, cs, mode, summary, engine_key: str, force: bool = False):
-    """Measure the verify cost once (or again when ``force``), then render; yields (figure, markdown)."""
+    """Fetch the engine's one verify-cost curve (``Engine.verify_cost``: measured once, or again when
+    ``force``), then render; yields (figure, markdown)."""
     if mode == MEASURED and (force or engine_key not in insight.VERIFY_COSTS):
-        yield gr.skip(), "_Measuring the cost of verifying 1–17 tokens on this device (a few seconds)…_"
+        yield gr.skip(), "_Measuring the cost of verifying 1–65 tokens on this device (a few seconds)…_"
         try:
-            insight.VERIFY_COSTS[engine_key] = worker.MEASURE(engine_key, MEASURE_SIZES)
+            insight.VERIFY_COSTS[engine_key] = worker.MEASURE(engine_key, None, force)
         except Exception as e:  # noqa: BLE001 - shown on the page; the fallback table stays in use
             fig, md = render(alpha, c, ks, cs, FALLBACK, summary, engine_key)
             yield fig, f"**Could not measure:** {html.escape(f'{type(e).__name__}: {e}')}; showing the fallback.\n\n{md}"
@@ -155,7 +161,7 @@ def build(engine, last_run: gr.State, tab: gr.Tab, models=None) -> None:
                 "alpha, for several K (tokens drafted per step) and draft costs c (one drafted token's cost as a "
                 "fraction of one target forward). The verification cost of K + 1 tokens is measured on this device; "
                 "on a GPU it stays near one forward, on a CPU it grows with K. Timings on a busy machine are "
-                "noisy, so the cost is shown non-decreasing (more tokens never cost less). Grey lines: the "
+                "noisy, so the cost is fitted non-decreasing (more tokens never cost less; one outlying timing is capped at its neighbours). Grey lines: the "
                 "formula; coloured markers: the last run's methods as measured (one marker and legend entry each).")
     with gr.Row():
         with gr.Column(scale=1, min_width=280):

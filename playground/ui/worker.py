@@ -172,15 +172,21 @@ def stream_bench(engine_key: str, questions: list[dict], specs: list[dict], sett
             yield {"type": "record", "record": item}
 
 
-def measure(engine_key: str, sizes: list[int]) -> dict:
-    """Measure the target's verify cost on this device (see ``theory.measure_verify_cost``).
+def measure(engine_key: str, sizes: list[int] | None = None, force: bool = False) -> dict:
+    """This device's verify cost (see ``theory.measure_verify_cost``): with ``sizes`` None, the engine's
+    one kept curve (``Engine.verify_cost()``, measured once; ``force`` measures it again), which the
+    Theory tab, the "why this speed" lines, the draft panel and the advisor all read; with ``sizes``,
+    a fresh measurement at those sizes, not kept.
 
     Returns:
         ``VerifyCost.as_dict()``: ``{"table": {n: relative cost}, "seconds": {n: s}, "source": str}``.
     """
     engine = engine_for(engine_key)
-    cost = engine.verify_cost(sizes)
-    return cost.as_dict()
+    if sizes is not None:
+        return engine.verify_cost(sizes).as_dict()
+    if force:
+        engine.forget("verify_cost")
+    return engine.verify_cost().as_dict()
 
 
 # ----- ZeroGPU ----------------------------------------------------------------------------------
