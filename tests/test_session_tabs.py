@@ -115,8 +115,9 @@ def test_theory_measures_the_sessions_engine(panel, monkeypatch):
     models, server, key = panel
     measured = []
 
-    def fake_measure(engine_key, sizes):
+    def fake_measure(engine_key, sizes=None, force=False):
         measured.append(worker.ENGINES[engine_key])
+        sizes = sizes or (1, 2, 4, 8)
         return {"table": {str(n): 1.0 + 0.1 * (n - 1) for n in sizes}, "source": "measured by the test"}
     monkeypatch.setattr(worker, "MEASURE", fake_measure)
     monkeypatch.setattr(insight, "VERIFY_COSTS", {})
