@@ -28,13 +28,13 @@ import gradio as gr
 from playground.engine import BASELINE, METHODS, Engine, MethodSpec, RunOutput, source_labels
 from playground.engine import check_lossless, is_lossless
 from playground.engine import GenerationSettings
-from playground.engine import GENERATION_KNOBS, MAX_MEDUSA_HEADS, REPETITION_PENALTY_KNOB
-from playground.engine import head_source
+from playground.engine import GENERATION_KNOBS, REPETITION_PENALTY_KNOB
 
 from . import advisor_tab, bench_tab, charts, guide, history, insight, medusa_panel, models_tab, render
 from . import step_inspector, theory_tab, wording, worker
 from .inputs import STOP_INPUT, _parse, input_names, model_settings_note, run_arguments, stop_lines  # noqa: F401
 from .knobs import knob_input
+from .legend import legend_sources  # noqa: F401  (read as app.legend_sources)
 from .run_control import StopSignals
 from .toast import warning
 
@@ -485,16 +485,6 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
     # On Hugging Face Spaces (shared CPU or one ZeroGPU slice) one run at a time.
     demo.queue(default_concurrency_limit=1 if worker.on_spaces() else CONCURRENT_RUNS, max_size=QUEUE_SIZE)
     return demo
-
-
-def legend_sources(engine: Engine) -> list[str]:
-    """Token sources the legend lists: every method's, without the Medusa heads beyond those the
-    engine has loaded (all of them without heads)."""
-    medusa = getattr(engine, "medusa", None)
-    loaded = getattr(medusa, "num_heads", 0) if medusa is not None else 0
-    absent = {head_source(k) for k in range(loaded + 1, MAX_MEDUSA_HEADS + 1)}
-    # dict.fromkeys: a mixture repeats its members' sources; each is listed once
-    return list(dict.fromkeys(s for m in METHODS for s in METHODS[m].sources if s not in absent))
 
 
 def _knob_keys() -> list[tuple[str, str]]:
