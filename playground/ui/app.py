@@ -60,6 +60,10 @@ PAGE_CSS = """
 .unavailable-reason p { font-size: 0.9em; color: var(--body-text-color-subdued); margin: 0 0 6px 0; }
 #method-panels { display: grid; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); align-items: start; }
 #method-panels > .method-panel { min-width: 0; }
+#method-list { max-height: 460px; overflow-y: auto; flex-wrap: nowrap; padding: 4px 6px 4px 4px;
+               border: 1px solid var(--border-color-primary); border-radius: 8px; }
+#method-list > * { flex-shrink: 0; }
+#method-list [data-testid="block-info"] { font-size: 0.85em; }
 """
 """Page CSS. ``#method-panels`` lays the method panels out as a grid of equal columns, at least 300 px
 (about 34 characters of code): as many as fit, so few chosen methods get wide panels; wrapping
@@ -361,7 +365,7 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
                             run_btn = gr.Button("Run", variant="primary", elem_id="run")
                             stop_btn = gr.Button("Stop", variant="stop", elem_id="stop", interactive=False)
                         status = gr.HTML("", elem_id="status", label="status")
-                    with gr.Column(scale=2):
+                    with gr.Column(scale=2, elem_id="method-list"):  # scrolls inside a capped height
                         gr.Markdown("### Methods")
                         use, knobs, reasons = {}, [], {}
                         for m, info in METHODS.items():

@@ -192,24 +192,25 @@ def stats_line(stats: Mapping, *, baseline_tokens_per_s: float | None, is_baseli
         speed = "speedup – (no baseline)"
     alpha = stats.get("alpha")
     new = stats.get("new_tokens", 0)
+    nb = "\u00a0"  # a non-breaking space: a label and its value stay on one line ("τ 1.00", never "τ" / "1.00")
     parts = [
-        f"**{new}** new token{'' if new == 1 else 's'}",
-        plural(stats.get("steps", 0), "step"),
-        f"**{tps:.1f} tok/s**",
+        f"**{new}**{nb}new token{'' if new == 1 else 's'}",
+        plural(stats.get("steps", 0), "step").replace(" ", nb, 1),
+        f"**{tps:.1f}{nb}tok/s**",
         speed,
-        f"τ {_num(stats.get('tau'), '.2f')}",
-        f"α {_num(None if alpha is None else 100 * alpha, '.0f')}{'' if alpha is None else '%'}",
-        f"TTFT {_num(stats.get('ttft_s'), '.2f')} s",
+        f"τ{nb}{_num(stats.get('tau'), '.2f')}",
+        f"α{nb}{_num(None if alpha is None else 100 * alpha, '.0f')}{'' if alpha is None else '%'}",
+        f"TTFT{nb}{_num(stats.get('ttft_s'), '.2f')}{nb}s",
     ]
-    parts += [drafter_figure(key, value, _SOURCE_WORDS) for key, value in (stats.get("drafter") or {}).items()
-              if key not in HIDDEN_DRAFTER_INFO]
+    parts += [drafter_figure(key, value, _SOURCE_WORDS).replace(" ", nb, 1)
+              for key, value in (stats.get("drafter") or {}).items() if key not in HIDDEN_DRAFTER_INFO]
     if finish_reason is not None:  # no "running" mark while running: a stopped run's last line must not claim it
         done = {"eos": "done (end of text)", "length": "done (max new tokens)", "stop": "done (stop string)",
                 "cancelled": "stopped"}.get(finish_reason, finish_reason)
         parts.append(f"_{done}_")
-    # Each "label value" pair stays on one line (no wrap between "τ" and its value): spaces inside a
-    # pair are non-breaking; the line wraps only at the " · " separators.
-    return " · ".join(p.replace(" ", "\u00a0") for p in parts)
+    # The line wraps at the " · " separators and between words of a longer phrase, never between a
+    # number and what it counts.
+    return " · ".join(parts)
 
 
 _PILL = {  # kind -> (symbol, background, text colour); symbols common text fonts have (no emoji font needed)
