@@ -84,11 +84,13 @@ def test_drafter_counts_read_as_words_in_the_right_number():
     base = {"new_tokens": 5, "steps": 1, "tokens_per_s": 5.0, "tau": 5.0, "alpha": 0.5, "ttft_s": 0.1}
     one = {"pool_ngrams": 1, "pool_hits": 1, "table_rows": 1, "steps_with_hits": 1, "cached_outputs": 1,
            "local_hits": 1, "global_hits": 1, "accepted_prompt_lookup": 1, "accepted_medusa_head_1": 1}
-    line = render.stats_line({**base, "drafter": one}, baseline_tokens_per_s=None, is_baseline=False)
+    line = render.stats_line({**base, "drafter": one}, baseline_tokens_per_s=None, is_baseline=False).replace(
+        "\u00a0", " ")  # non-breaking spaces keep each "label value" pair on one line
     assert "1 step with a pool hit" in line and "1 n-gram in the pool" in line
     assert "1 token accepted from prompt lookup" in line and "1 token accepted from Medusa head 1" in line
     assert not re.search(r"\b1 (steps|tokens|n-grams|matches|outputs)\b", line) and not SNAKE.search(line), line
-    many = render.stats_line({**base, "drafter": {k: 7 for k in one}}, baseline_tokens_per_s=None, is_baseline=False)
+    many = render.stats_line({**base, "drafter": {k: 7 for k in one}}, baseline_tokens_per_s=None,
+                             is_baseline=False).replace("\u00a0", " ")
     assert "7 steps with a pool hit" in many and "7 tokens accepted from prompt lookup" in many
     assert not SNAKE.search(many), many
 

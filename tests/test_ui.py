@@ -190,17 +190,22 @@ def test_token_spans_escape_text_and_tag_sources():
     assert render.source_color("medusa_head_3") == render.source_color("medusa_head_3")
 
 
+def _line(*args, **kwargs) -> str:
+    """A stats line with its non-breaking spaces read as spaces (they keep each "label value" pair whole)."""
+    return render.stats_line(*args, **kwargs).replace("\u00a0", " ")
+
+
 def test_stats_line_and_badges():
     stats = {"new_tokens": 10, "steps": 4, "tokens_per_s": 20.0, "tau": 2.5, "alpha": 0.5, "ttft_s": 0.1}
-    line = render.stats_line(stats, baseline_tokens_per_s=10.0, is_baseline=False, finish_reason="length")
+    line = _line(stats, baseline_tokens_per_s=10.0, is_baseline=False, finish_reason="length")
     assert "**10** new tokens" in line and "2.00× vs autoregressive" in line and "α 50%" in line
     assert "done (max new tokens)" in line
-    line = render.stats_line({**stats, "alpha": None}, baseline_tokens_per_s=None, is_baseline=False)
+    line = _line({**stats, "alpha": None}, baseline_tokens_per_s=None, is_baseline=False)
     assert "no baseline" in line and "α –" in line and "done" not in line
-    line = render.stats_line({**stats, "drafter": {"pool_ngrams": 42, "pool_hits": 7}}, baseline_tokens_per_s=10.0,
+    line = _line({**stats, "drafter": {"pool_ngrams": 42, "pool_hits": 7}}, baseline_tokens_per_s=10.0,
                              is_baseline=False)
     assert "42 n-grams in the pool" in line and "7 steps with a pool hit" in line
-    line = render.stats_line({**stats, "new_tokens": 1, "steps": 1}, baseline_tokens_per_s=None, is_baseline=True)
+    line = _line({**stats, "new_tokens": 1, "steps": 1}, baseline_tokens_per_s=None, is_baseline=True)
     assert "**1** new token ·" in line and "1 step ·" in line
     assert render.plural(85, "token") == "85 tokens" and render.plural(1, "category", "categories") == "1 category"
     assert "pill-match" in render.badge("match", "ok") and "✓" in render.badge("match", "ok")

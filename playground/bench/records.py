@@ -2,9 +2,11 @@
 
 JSONL is what ``python -m playground.bench --out`` writes (:func:`record_line` per record) and
 what the page's download holds. CSV holds the same records one row each, columns in order of
-first appearance; text fields (:data:`TEXT_FIELDS`) are written as they are, every other value
-as JSON (numbers as numbers, ``null`` for None, lists such as ``output_ids`` and dicts such as
-``params`` as JSON text), so :func:`from_csv` gives back equal records.
+first appearance; text fields (:data:`TEXT_FIELDS`), and any other text that could not be read as
+JSON (``playground-run-1``, a prompt), are written as they are; None is an empty cell; every other
+value is JSON (numbers as numbers, a text that looks like JSON quoted, lists such as ``output_ids``
+and dicts such as ``params`` as JSON text), so :func:`from_csv` gives back equal records (None in a
+field outside the contract reads back as a missing field).
 
 Fields
     The contract fields (:data:`CONTRACT_FIELDS`) ``question_id, category, turn, method, params,
@@ -91,6 +93,26 @@ def read_records(path: str | Path) -> list[dict]:
         raise ValueError(f"{path}: {e}") from None
 
 
+def _json_like(text: str) -> bool:
+    """Whether ``text`` would read back as a JSON value (``81``, ``true``, ``null``, ``[1]``) or could be
+    mistaken for malformed JSON (it starts like a list, object or JSON string)."""
+    if text == "" or text[:1] in "[{\"":
+        return True
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _csv_cell(column: str, value) -> str:
+    if value is None:
+        return ""  # an empty cell, not the text "null"
+    if isinstance(value, str) and (column in TEXT_FIELDS or not _json_like(value)):
+        return value  # plain text, as a spreadsheet shows it: "playground-run-1", a prompt, a model name
+    return json.dumps(value, ensure_ascii=False)
+
+
 def to_csv(records: list[dict]) -> str:
     """The records as CSV text with a header row (see the module docstring for the encoding)."""
     columns = list(dict.fromkeys(k for r in records for k in r))
@@ -98,16 +120,18 @@ def to_csv(records: list[dict]) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(columns)
     for r in records:
-        w.writerow(["" if c not in r else r[c] if c in TEXT_FIELDS and isinstance(r[c], str)
-                    else json.dumps(r[c], ensure_ascii=False) for c in columns])
+        w.writerow([_csv_cell(c, r.get(c)) for c in columns])
     return buf.getvalue()
 
 
 def from_csv(text: str) -> list[dict]:
-    """Records from :func:`to_csv`'s text (an empty non-text cell means the record lacks that field).
+    """Records from :func:`to_csv`'s text. An empty cell is the empty string in a text field, null in a
+    contract field (``acceptance_rate``), and elsewhere means the record lacks that field; a cell that
+    is not JSON (and does not start like JSON) is text.
 
     Raises:
-        ValueError: a non-text cell that is not valid JSON (names the row and column).
+        ValueError: a cell that starts like JSON (``[``, ``{``, ``"``) but is not valid JSON (names the
+            row and column).
     """
     rows = list(csv.reader(io.StringIO(text)))
     if not rows:
@@ -120,11 +144,15 @@ def from_csv(text: str) -> list[dict]:
                 rec[c] = cell
                 continue
             if cell == "":
+                if c in CONTRACT_FIELDS:
+                    rec[c] = None
                 continue
             try:
                 rec[c] = json.loads(cell)
             except json.JSONDecodeError:
-                raise ValueError(f"row {n}, column {c!r}: not valid JSON: {cell[:40]!r}") from None
+                if _json_like(cell):
+                    raise ValueError(f"row {n}, column {c!r}: not valid JSON: {cell[:40]!r}") from None
+                rec[c] = cell  # plain text
         out.append(rec)
     return out
 

@@ -28,13 +28,13 @@ import gradio as gr
 from playground.engine import BASELINE, METHODS, Engine, MethodSpec, RunOutput, source_labels
 from playground.engine import check_lossless, is_lossless
 from playground.engine import GenerationSettings
-from playground.engine import GENERATION_KNOBS, MAX_MEDUSA_HEADS, REPETITION_PENALTY_KNOB
-from playground.engine import head_source
+from playground.engine import GENERATION_KNOBS, REPETITION_PENALTY_KNOB
 
 from . import advisor_tab, bench_tab, charts, guide, history, insight, medusa_panel, models_tab, render
 from . import step_inspector, theory_tab, wording, worker
 from .inputs import STOP_INPUT, _parse, input_names, model_settings_note, run_arguments, stop_lines  # noqa: F401
 from .knobs import knob_input
+from .legend import legend_sources  # noqa: F401  (read as app.legend_sources)
 from .run_control import StopSignals, reading_status
 from .toast import warning
 
@@ -60,6 +60,10 @@ PAGE_CSS = """
 .unavailable-reason p { font-size: 0.9em; color: var(--body-text-color-subdued); margin: 0 0 6px 0; }
 #method-panels { display: grid; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); align-items: start; }
 #method-panels > .method-panel { min-width: 0; }
+#method-list { max-height: 460px; overflow-y: auto; flex-wrap: nowrap; padding: 4px 6px 4px 4px;
+               border: 1px solid var(--border-color-primary); border-radius: 8px; }
+#method-list > * { flex-shrink: 0; }
+#method-list [data-testid="block-info"] { font-size: 0.85em; }
 """
 """Page CSS. ``#method-panels`` lays the method panels out as a grid of equal columns, at least 300 px
 (about 34 characters of code): as many as fit, so few chosen methods get wide panels; wrapping
@@ -350,7 +354,7 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
                             run_btn = gr.Button("Run", variant="primary", elem_id="run")
                             stop_btn = gr.Button("Stop", variant="stop", elem_id="stop", interactive=False)
                         status = gr.HTML("", elem_id="status", label="status")
-                    with gr.Column(scale=2):
+                    with gr.Column(scale=2, elem_id="method-list"):  # scrolls inside a capped height
                         gr.Markdown("### Methods")
                         use, knobs, reasons = {}, [], {}
                         for m, info in METHODS.items():
@@ -473,16 +477,6 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
     # On Hugging Face Spaces (shared CPU or one ZeroGPU slice) one run at a time.
     demo.queue(default_concurrency_limit=1 if worker.on_spaces() else CONCURRENT_RUNS, max_size=QUEUE_SIZE)
     return demo
-
-
-def legend_sources(engine: Engine) -> list[str]:
-    """Token sources the legend lists: every method's, without the Medusa heads beyond those the
-    engine has loaded (all of them without heads)."""
-    medusa = getattr(engine, "medusa", None)
-    loaded = getattr(medusa, "num_heads", 0) if medusa is not None else 0
-    absent = {head_source(k) for k in range(loaded + 1, MAX_MEDUSA_HEADS + 1)}
-    # dict.fromkeys: a mixture repeats its members' sources; each is listed once
-    return list(dict.fromkeys(s for m in METHODS for s in METHODS[m].sources if s not in absent))
 
 
 def _knob_keys() -> list[tuple[str, str]]:

@@ -16,17 +16,36 @@ from playground.engine import BASELINE, METHODS, is_lossless
 from . import render
 
 GUIDE_TERMS: tuple[tuple[str, str], ...] = (
-    ("tok/s", "new tokens per second, counting only that method's own steps (prompt processing included)."),
+    ("tok/s", "new tokens per second of that method's own time: its steps only (the other methods' turns do not "
+              "count), the prompt reading included, so a long prompt lowers it."),
     ("speedup (×)", "a method's tokens per second divided by the baseline's (Autoregressive, plain decoding "
                     "one token per target pass) in the same run: 1.50× means 50% faster."),
     ("steps", "passes of the target model over the candidates; every step emits at least one token."),
     ("τ (tau)", "mean tokens emitted per step, the bonus token included: 1.00 for plain decoding, 2.50 when "
                 "each target pass yields two and a half tokens on average. Higher is better."),
     ("α (alpha)", "acceptance rate: guessed tokens the target accepted ÷ guessed tokens proposed "
-                  "(a tree counts all its nodes). Shown as a percentage."),
-    ("TTFT", "time to first token, in seconds: reading the prompt (prefill) and emitting the first new token."),
+                  "(a tree counts all its nodes). Shown as a percentage; “α –” means nothing was drafted "
+                  "(plain decoding, or no guess found yet)."),
+    ("TTFT", "time to first token, in seconds: reading the prompt (prefill) and emitting the first new token. "
+             "Shown on its own and also counted in tok/s."),
 )
 """The stats line's terms and what each means, in the order the stats line shows them."""
+
+DRAFTER_TERMS: tuple[tuple[str, str], ...] = (
+    ("n-grams in the pool", "Lookahead: guesses collected so far from its look-ahead window, ready to be tried."),
+    ("steps with a pool hit", "Lookahead: steps where the target accepted at least one token from the pool."),
+    ("tokens with a recycling row", "Token recycling: tokens whose likely next tokens the table remembers "
+                                    "(from earlier steps' candidates)."),
+    ("steps with a table hit", "Token recycling: steps where the target accepted at least one guess from the table."),
+    ("earlier outputs in the cache", "Suffix decoding: earlier answers kept to copy from (0 on a first run)."),
+    ("matches in this answer / in earlier outputs", "Suffix decoding: steps with an accepted guess copied from "
+                                                    "this answer so far, or from an earlier answer."),
+    ("tokens accepted from …", "Mixture: accepted guesses counted by the drafter that proposed them."),
+    ("mean tree nodes per step", "EAGLE: candidate tokens the target checked in one pass, on average."),
+    ("Per-head acceptance", "Medusa: for each head (head k guesses the token k places ahead), the share of steps "
+                            "where its guess was accepted."),
+)
+"""The drafters' own counts after the stats line (``render.DRAFTER_INFO_LABELS``) and Medusa's per-head line."""
 
 LOSSLESS_TEXT = ("It compares each method's output with the baseline's, token for token, under "
                  "greedy decoding (temperature 0): a lossless method must produce exactly the baseline's text. "
@@ -53,10 +72,12 @@ def reading_guide_html(sources: Iterable[str], labels: Mapping[str, str]) -> str
         f'<li><span class="guide-swatch" style="background:{render.source_color(s)}"></span>'
         f"{html.escape(render.source_label(s, labels))}</li>" for s in sources[:2])
     terms = "".join(f"<dt>{html.escape(t)}</dt><dd>{html.escape(d)}</dd>" for t, d in GUIDE_TERMS)
+    counts = "".join(f"<dt>{html.escape(t)}</dt><dd>{html.escape(d)}</dd>" for t, d in DRAFTER_TERMS)
     return ('<details id="reading-guide" class="reading-guide"><summary>How to read this</summary>'
             '<div class="guide-body">'
             f"<p><b>Colours.</b> {html.escape(COLOUR_TEXT)}</p><ul class=\"guide-colours\">{swatches}</ul>"
             f'<p><b>The line under each panel.</b></p><dl class="guide-terms">{terms}</dl>'
+            f'<p><b>Drafters\' own counts</b> (after the figures above).</p><dl class="guide-terms">{counts}</dl>'
             f"<p><b>Lossless check.</b> {html.escape(LOSSLESS_TEXT)}</p>"
             "<p>When a run ends, the line under Run names the fastest method.</p></div></details>")
 

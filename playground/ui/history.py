@@ -6,7 +6,9 @@ Each finished Playground run leaves its plain-data summary (``_RunView.summary()
 
 A run downloads as the benchmark's records (:mod:`playground.bench.records`): one record per
 method, built with ``bench.measured_fields`` like the benchmark's own, with ``question_id``
-``playground-run-N``, ``category`` :data:`CATEGORY` and ``turn`` 0, plus the user's ``prompt``;
+``playground-run-N``, ``category`` :data:`CATEGORY` and ``turn`` 0, plus the user's ``prompt``, the
+run's ``speedup`` over its baseline and the page's ``lossless`` check when there are (fields that
+hold nothing are left out, so a CSV cell is empty rather than ``null``);
 as JSON lines (``bench.to_jsonl``, what ``bench.read_records`` reads) and CSV (``bench.to_csv``,
 read back by ``bench.from_csv``). Everything the user typed is shown as escaped text.
 """
@@ -84,7 +86,13 @@ def records(entry: dict) -> list[dict]:
         rec.update({"draft": s.get("draft"), "prompt": s.get("prompt", ""), "max_new_tokens":
                     settings.get("max_new_tokens"), "top_p": settings.get("top_p"), "top_k": settings.get("top_k"),
                     "seed": settings.get("seed")})
-        out.append(rec)
+        base = s.get("baseline_tokens_per_s")
+        if base:  # this run's speedup over its baseline (the baseline's own: 1.0)
+            rec["speedup"] = (d["stats"].get("tokens_per_s") or 0.0) / base
+        if d.get("lossless"):  # the page's check: "match", "near_tie" or "mismatch"
+            rec["lossless"] = d["lossless"]
+        # Fields outside the contract that hold nothing are left out (an empty CSV cell, not "null").
+        out.append({k: v for k, v in rec.items() if v is not None or k in bench.CONTRACT_FIELDS})
     return out
 
 

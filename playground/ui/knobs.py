@@ -6,7 +6,9 @@ One rule for a typed value the page cannot use, said once: a value outside the a
 is set to the nearest allowed value and a message says so ("K: allowed values are 1 to 16;
 50 is clamped to 16"); a whole-number setting given a fraction is rounded, with the same kind
 of message. (A slider's number box clamps on leaving the field in Gradio's front end; the
-handlers here say so, and round what the front end leaves unrounded.) Anything still invalid
+handlers here say so, and round what the front end leaves unrounded. A typed "0" where the
+minimum lies between 0 and 1, as for top-p, may be the start of "0.5": it is said when the field
+is left and the front end has clamped it.) Anything still invalid
 when Run is pressed (an API call, a value sent before the correction arrived) is refused with
 the page's label and the allowed range, and nothing runs (:func:`page_check`).
 
@@ -143,16 +145,27 @@ def knob_input(knob, elem_id: str, interactive: bool = True, value=None, label: 
     box = KnobSlider(knob.minimum, knob.maximum, value=value, step=knob.step, label=label,
                      info=knob.info, elem_id=elem_id, interactive=interactive)
 
-    def fix_slider(v):
-        message, fixed = correction(knob, label, v)
-        if message is None or (v == 0 and 0 < knob.minimum < 1):  # "0" on the way to "0.5": no warning yet
-            return gr.skip()
-        warning(message)
-        # The front end clamps a value out of range itself when the field is left; a fraction is
-        # rounded here.
-        return fixed if knob.minimum <= float(v) <= knob.maximum else gr.skip()
+    typed = gr.State(None)  # a "0" left pending (see below), per browser session
 
+    def fix_slider(v, pending):
+        """``(new value or skip, pending)``: warn once for each correction of what was typed."""
+        message, fixed = correction(knob, label, v)
+        if message is not None and v == 0 and 0 < knob.minimum < 1:
+            return gr.skip(), 0  # "0" on the way to "0.5": no warning yet, but remember it
+        if message is not None:
+            warning(message)
+            # The front end clamps a value out of range itself when the field is left; a fraction
+            # is rounded here.
+            return (fixed if knob.minimum <= float(v) <= knob.maximum else gr.skip()), None
+        if pending is not None:  # the "0" was left as it was: the front end clamped it (top-p 0 -> 0.01)
+            said, clamped = correction(knob, label, pending)
+            if said is not None and v == clamped:
+                warning(said)
+            return gr.skip(), None
+        return gr.skip(), gr.skip()
+
+    # On every change of the value: each keystroke, and the front end's clamp when the field is left.
     # Queued (toasts need the queue) but never waiting behind a run: no concurrency limit.
-    box.input(fix_slider, box, box, api_visibility="private", show_progress="hidden", concurrency_limit=None,
-              trigger_mode="always_last")
+    box.change(fix_slider, [box, typed], [box, typed], api_visibility="private", show_progress="hidden",
+               concurrency_limit=None, trigger_mode="always_last")
     return box

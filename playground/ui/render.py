@@ -14,21 +14,23 @@ from typing import Iterable, Mapping
 SOURCE_COLORS: dict[str, str] = {
     "target": "#dbeafe",         # pale blue: the target's own (bonus / correction) token
     "prompt_lookup": "#fde68a",  # yellow: copied from the prompt and accepted
-    "draft": "#bbf7d0",          # green: proposed by the draft model and accepted
+    "draft": "#86efac",          # green: proposed by the draft model and accepted
     "lookahead": "#fbcfe8",      # pink
     # Medusa: one clearly different hue per head, each saturated enough to stand apart from the
     # target's pale blue and from the other drafters: violet, orange, cyan, red, stone grey
     "medusa_head_1": "#c4b5fd", "medusa_head_2": "#fdba74", "medusa_head_3": "#67e8f9",
     "medusa_head_4": "#fca5a5", "medusa_head_5": "#d6d3d1",
-    "suffix": "#eadbc8",         # tan: from a suffix tree (this request's or the global cache)
-    "recycling": "#cbd5e1",      # slate: from the token-recycling adjacency table
-    # EAGLE: by draft depth, a ramp from lime (depth 1) through teal and sky to rose (depth 10)
-    "eagle_d1": "#d9f99d", "eagle_d2": "#a7f3d0", "eagle_d3": "#99f6e4", "eagle_d4": "#a5f3fc",
-    "eagle_d5": "#bae6fd", "eagle_d6": "#c7d2fe", "eagle_d7": "#ddd6fe", "eagle_d8": "#f5d0fe",
-    "eagle_d9": "#fde2e4", "eagle_d10": "#fecdd3",
+    "suffix": "#f3cfa4",         # tan: from a suffix tree (this request's or the global cache)
+    "recycling": "#c9d6a3",      # sage: from the token-recycling adjacency table
+    # EAGLE: by draft depth, a ramp from pale lime (depth 1) through teal and blue to rose (depth 10)
+    "eagle_d1": "#e9f5a0", "eagle_d2": "#bdf0dc", "eagle_d3": "#7ee0d0", "eagle_d4": "#a5f3fc",
+    "eagle_d5": "#93c5fd", "eagle_d6": "#c7d2fe", "eagle_d7": "#e4c1f9", "eagle_d8": "#f9a8d4",
+    "eagle_d9": "#fde2e4", "eagle_d10": "#fda4af",
 }
 """Background colour of each token source: light enough that dark text (:data:`TOKEN_TEXT_COLOR`)
-keeps a contrast above 7:1 on every one, in both themes; no two sources share a hue family."""
+keeps a contrast above 7:1 on every one, in both themes. Sources that can share a panel (one method's
+sources; a mixture's members) differ by a CIE76 colour difference of at least 14 (tests check it); the
+draft's green and EAGLE's depth 1, the suffix tan and the recycling sage are far apart."""
 
 _SOURCE_WORDS = {"target": "the target", "draft": "the draft model", "prompt_lookup": "prompt lookup",
                  "lookahead": "Lookahead", "suffix": "suffix decoding", "recycling": "token recycling"}
@@ -95,13 +97,36 @@ def placeholder(text: str) -> str:
     return f'<span class="placeholder">{html.escape(text)}</span>'
 
 
+_SWATCH = "display:inline-block;width:14px;height:14px;border:1px solid #9ca3af;background:{}"
+
+
+def _depth(source: str) -> int | None:
+    """The depth of an EAGLE source tag (``eagle_d3`` -> 3), else None."""
+    rest = source.removeprefix("eagle_d")
+    return int(rest) if rest != source and rest.isdigit() else None
+
+
 def legend_html(sources: Iterable[str], labels: Mapping[str, str]) -> str:
-    """HTML legend: one coloured swatch per source."""
+    """HTML legend (``#legend-items``): one coloured swatch per source; EAGLE's depths (``eagle_d1``, ...)
+    as one entry, a ramp of their swatches (each titled with its depth) labelled ``EAGLE depth 1–N``."""
+    sources = list(dict.fromkeys(sources))
+    depths = [s for s in sources if _depth(s) is not None]
     items = []
-    for s in dict.fromkeys(sources):
-        items.append(f'<span style="display:inline-flex;align-items:center;gap:6px;margin-right:18px">'
-                     f'<span style="display:inline-block;width:14px;height:14px;border-radius:3px;'
-                     f'border:1px solid #9ca3af;background:{source_color(s)}"></span>'
+    for s in sources:
+        if s in depths[1:]:
+            continue
+        if s in depths:  # the first depth stands for the whole ramp
+            ramp = "".join(f'<span class="ramp-step" title="{html.escape(source_label(d, labels), quote=True)}" '
+                           f'style="{_SWATCH.format(source_color(d))};border-radius:0"></span>' for d in depths)
+            last = max(_depth(d) for d in depths)
+            text = f"EAGLE depth 1–{last}" if last > 1 else "EAGLE depth 1"
+            items.append(f'<span class="legend-item legend-ramp" style="display:inline-flex;align-items:center;'
+                         f'gap:6px;margin-right:18px"><span style="display:inline-flex">{ramp}</span>'
+                         f"{html.escape(text)}</span>")
+            continue
+        items.append(f'<span class="legend-item" data-source="{html.escape(s, quote=True)}" '
+                     f'style="display:inline-flex;align-items:center;gap:6px;margin-right:18px">'
+                     f'<span style="{_SWATCH.format(source_color(s))};border-radius:3px"></span>'
                      f"{html.escape(source_label(s, labels))}</span>")
     return ('<div id="legend-items" style="font-size:14px;padding:2px 0"><b style="margin-right:12px">'
             "Token source:</b>" + "".join(items) + "</div>")
@@ -124,8 +149,13 @@ DRAFTER_INFO_LABELS: dict[str, tuple[str, str]] = {
     "cached_outputs": ("earlier output in the cache", "earlier outputs in the cache"),
     "local_hits": ("match in this answer", "matches in this answer"),
     "global_hits": ("match in earlier outputs", "matches in earlier outputs"),
+    "mean_tree_nodes": ("mean tree node per step", "mean tree nodes per step"),
 }
 """How the drafters' own counts (``RunStats.drafter``) read in the stats line: ``(singular, plural)``."""
+
+
+HIDDEN_DRAFTER_INFO = frozenset({"tree_nodes"})
+"""Drafter counts the stats line leaves out: EAGLE's latest tree size repeats its mean (``mean_tree_nodes``)."""
 
 
 def drafter_figure(key: str, value, labels: Mapping[str, str] | None = None) -> str:
@@ -162,21 +192,25 @@ def stats_line(stats: Mapping, *, baseline_tokens_per_s: float | None, is_baseli
         speed = "speedup – (no baseline)"
     alpha = stats.get("alpha")
     new = stats.get("new_tokens", 0)
+    nb = "\u00a0"  # a non-breaking space: a label and its value stay on one line ("τ 1.00", never "τ" / "1.00")
     parts = [
-        f"**{new}** new token{'' if new == 1 else 's'}",
-        plural(stats.get("steps", 0), "step"),
-        f"**{tps:.1f} tok/s**",
+        f"**{new}**{nb}new token{'' if new == 1 else 's'}",
+        plural(stats.get("steps", 0), "step").replace(" ", nb, 1),
+        f"**{tps:.1f}{nb}tok/s**",
         speed,
-        f"τ {_num(stats.get('tau'), '.2f')}",
-        f"α {_num(None if alpha is None else 100 * alpha, '.0f')}{'' if alpha is None else '%'}",
-        f"TTFT {_num(stats.get('ttft_s'), '.2f')} s",
+        f"τ{nb}{_num(stats.get('tau'), '.2f')}",
+        f"α{nb}{_num(None if alpha is None else 100 * alpha, '.0f')}{'' if alpha is None else '%'}",
+        f"TTFT{nb}{_num(stats.get('ttft_s'), '.2f')}{nb}s",
     ]
-    parts += [drafter_figure(key, value, _SOURCE_WORDS) for key, value in (stats.get("drafter") or {}).items()]
-    if finish_reason is None:  # no "running" mark: a stopped run's last line must not claim it
-        return " · ".join(parts)
-    done = {"eos": "done (end of text)", "length": "done (max new tokens)", "stop": "done (stop string)",
-            "cancelled": "stopped"}.get(finish_reason, finish_reason)
-    return " · ".join(parts) + f" · _{done}_"
+    parts += [drafter_figure(key, value, _SOURCE_WORDS).replace(" ", nb, 1)
+              for key, value in (stats.get("drafter") or {}).items() if key not in HIDDEN_DRAFTER_INFO]
+    if finish_reason is not None:  # no "running" mark while running: a stopped run's last line must not claim it
+        done = {"eos": "done (end of text)", "length": "done (max new tokens)", "stop": "done (stop string)",
+                "cancelled": "stopped"}.get(finish_reason, finish_reason)
+        parts.append(f"_{done}_")
+    # The line wraps at the " · " separators and between words of a longer phrase, never between a
+    # number and what it counts.
+    return " · ".join(parts)
 
 
 _PILL = {  # kind -> (symbol, background, text colour); symbols common text fonts have (no emoji font needed)

@@ -60,7 +60,12 @@ if (!window.__stepPickInstalled) {
   window.__stepPickInstalled = true;
   document.addEventListener('click', (ev) => {
     const s = ev.target.closest ? ev.target.closest('.tokens .step[data-step]') : null;
-    if (s && window.__stepPick) window.__stepPick(s.dataset.method, Number(s.dataset.step));
+    if (s && window.__stepPick) {
+      window.__stepPick(s.dataset.method, Number(s.dataset.step));
+      // The inspector sits below the panels and charts: bring its step picker and tree into view.
+      const target = document.getElementById('inspect-method') || document.getElementById('step-inspector');
+      if (target) target.scrollIntoView({behavior: 'smooth', block: 'start'});
+    }
   });
   setInterval(() => {
     const plot = document.querySelector('#inspect-chart .js-plotly-plot');
@@ -75,7 +80,8 @@ if (!window.__stepPickInstalled) {
 }
 """
 """Runs once in the tree view: a click on a token of a panel (or on a bar of the per-step chart)
-triggers the view's ``click`` event with ``{method, step}``."""
+triggers the view's ``click`` event with ``{method, step}``; a click on a token also scrolls the page
+to the inspector's method and step pickers (with the chart and the tree under them)."""
 
 
 # ----- the store of one run ------------------------------------------------------------------------
