@@ -26,7 +26,7 @@ from playground import bench
 from playground.engine import BASELINE, METHODS, Knob, MethodSpec
 
 from . import charts, models_tab, render, worker
-from .knobs import knob_input
+from .knobs import LooseCheckboxGroup, knob_input
 from .toast import warning
 
 SETS = {"Spec-Bench dev (bundled)": "spec_bench", "HumanEval dev (bundled)": "humaneval"}
@@ -386,9 +386,9 @@ def build(engine, models=None) -> None:
                                    "Spec-Bench questions (question_id, category, turns) or HumanEval tasks "
                                    "(task_id, prompt)", file_types=[".jsonl", ".json"], type="filepath",
                              elem_id="bench-upload", visible=qset.value == UPLOAD)
-            cats = gr.CheckboxGroup(_category_options(cats0), value=cats0, label="Categories", info=note0,
+            cats = LooseCheckboxGroup(_category_options(cats0), value=cats0, label="Categories", info=note0,
                                     elem_id="bench-categories")
-            methods = gr.CheckboxGroup([(METHODS[m].label, m) for m in available], value=list(available),
+            methods = LooseCheckboxGroup([(METHODS[m].label, m) for m in available], value=list(available),
                                        label="Methods (autoregressive always runs: it is the baseline)",
                                        elem_id="bench-methods")
         with gr.Column(scale=2):

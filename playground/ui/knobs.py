@@ -49,6 +49,18 @@ class KnobNumber(gr.Number):
         return payload  # no silent rounding: a fraction for a whole number is corrected or refused
 
 
+class LooseCheckboxGroup(gr.CheckboxGroup):
+    """``gr.CheckboxGroup`` whose ``preprocess`` passes the ticked values on without checking them
+    against its choices: when a handler replaces the choices (another question set, other models),
+    a click that reaches the server before the page has the new choices would otherwise fail with
+    Gradio's "not in the list of choices" error instead of the handler's own message."""
+
+    is_template = True
+
+    def preprocess(self, payload):
+        return list(payload or [])
+
+
 def range_text(knob) -> str:
     """The allowed range of a numeric knob as the UI shows it: ``1 to 20``."""
     def fmt(x):
