@@ -415,7 +415,7 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
                     bars = gr.Plot(charts.empty_figure("Throughput", "press Run to compare tokens per second"),
                                    label="Tokens per second", show_label=False, elem_id="bars", scale=2)
 
-                inspector = step_inspector.build(engine, engine_key, run_steps)
+                inspector = step_inspector.build(engine, engine_key, run_steps, models)
                 run_charts = insight.build_run_charts()
             with gr.Tab("Models", id="models", elem_id="tab-models"):
                 models.build(header, use, reasons, knobs, _knob_keys())

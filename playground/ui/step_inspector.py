@@ -415,8 +415,8 @@ def view(engine, engine_key: str, store: RunSteps | None, method: str | None = N
 class Inspector:
     """The inspector's components (made by :func:`build`); :meth:`wire` connects them to a run event."""
 
-    def __init__(self, engine, engine_key: str, state: gr.State):
-        self.engine, self.key, self.state = engine, engine_key, state
+    def __init__(self, engine, engine_key: str, state: gr.State, models=None):
+        self.engine, self.key, self.state, self.models = engine, engine_key, state, models
         with gr.Accordion("Step inspector: what each step verified, and why each method runs at its speed",
                           open=True, elem_id="step-inspector"):
             self.why = gr.Markdown(why_markdown(engine, engine_key, None), elem_id="why-speed")
@@ -429,24 +429,34 @@ class Inspector:
             self.chart = gr.Plot(steps_figure(None, None, None), show_label=False, elem_id="inspect-chart")
             self.tree = gr.HTML(view(engine, engine_key, None)[-1], elem_id="step-tree", js_on_load=PICK_JS)
         outputs = self.outputs = [self.why, self.method, self.step, self.chart, self.tree]
+        key = [models.key] if models is not None else []  # the session's models (the Models tab)
 
-        def pick(store, evt: gr.EventData):
+        def pick(evt: gr.EventData, store, *k):  # (Gradio passes the event to a positional parameter)
             data = getattr(evt, "_data", None) or {}
-            return view(engine, engine_key, store, data.get("method"), data.get("step"))
+            return view(*self._session(k), store, data.get("method"), data.get("step"))
 
-        self.tree.click(pick, [state], outputs, api_visibility="private", queue=False)
-        self.method.input(lambda store, m: view(engine, engine_key, store, m), [state, self.method], outputs,
-                          api_visibility="private", queue=False)
-        self.step.input(lambda store, m, s: view(engine, engine_key, store, m, s), [state, self.method, self.step],
-                        outputs, api_visibility="private", queue=False, trigger_mode="always_last")
+        self.tree.click(pick, [state, *key], outputs, api_visibility="private", queue=False)
+        self.method.input(lambda store, m, *k: view(*self._session(k), store, m), [state, self.method, *key],
+                          outputs, api_visibility="private", queue=False)
+        self.step.input(lambda store, m, s, *k: view(*self._session(k), store, m, s),
+                        [state, self.method, self.step, *key], outputs, api_visibility="private", queue=False,
+                        trigger_mode="always_last")
+
+    def _session(self, key: tuple) -> tuple:
+        """``(engine, engine key)`` of the session's models (its key from the Models tab), else the server's."""
+        if self.models is None or not key or key[0] is None:
+            return self.engine, self.key
+        return self.models.engine_for(key[0]), key[0]
 
     def wire(self, run_event) -> None:
         """Refresh the inspector when ``run_event`` (the Playground's run) ends."""
-        run_event.then(lambda store: view(self.engine, self.key, store), self.state, self.outputs,
+        key = [self.models.key] if self.models is not None else []
+        run_event.then(lambda store, *k: view(*self._session(k), store), [self.state, *key], self.outputs,
                        api_visibility="private", queue=False)
 
 
-def build(engine, engine_key: str, state: gr.State) -> Inspector:
+def build(engine, engine_key: str, state: gr.State, models=None) -> Inspector:
     """Lay the inspector out here (``#step-inspector``: ``#why-speed``, ``#inspect-method``,
-    ``#inspect-step``, ``#inspect-chart``, ``#step-tree``); ``state`` holds the run's :class:`RunSteps`."""
-    return Inspector(engine, engine_key, state)
+    ``#inspect-step``, ``#inspect-chart``, ``#step-tree``); ``state`` holds the run's :class:`RunSteps`;
+    with ``models`` (the Models tab's panel) token texts and costs come from the session's models."""
+    return Inspector(engine, engine_key, state, models)

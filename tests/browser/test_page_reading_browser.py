@@ -191,7 +191,7 @@ def test_theory_points_have_their_own_colour_symbol_and_legend_entry(ran):
     assert not any(p["text"] for p in points)  # no text labels on the chart
     legend = ran.locator("#theory-chart .legend").text_content()
     for p in points:
-        assert p["name"] in legend and re.search(r"α \d\.\d\d, \d+\.\d\d×", p["name"]), p["name"]
+        assert p["name"] in legend and re.search(r"α \d+%, \d+\.\d\d×", p["name"]), p["name"]
     ran.get_by_role("tab", name="Playground").click()
 
 
@@ -212,7 +212,7 @@ def test_advisor_k_is_the_draft_panels_k(ran):
     ran.get_by_role("option", name="code", exact=True).click()
     expect(out).to_contain_text("prompt lookup copies it", timeout=30_000)
     expect(out).to_contain_text(f"Draft model: K = {suggested}")
-    expect(out).to_contain_text("the draft panel's suggestion from the last run")
+    expect(out).to_contain_text("the draft panel's suggestion from this run")
     text = out.inner_text()
     for rule_id in advisor.RULES:
         assert rule_id not in text, rule_id
