@@ -118,3 +118,11 @@ def test_only_the_engine_imports_engine_submodules():
             if module.startswith("playground.engine."):
                 bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}")
     assert not bad, "\n".join(dict.fromkeys(bad))
+
+
+def test_test_modules_have_unique_names():
+    """pytest imports tests/ and tests/browser/ modules by their base names (no packages), so two
+    modules with one name fail the whole run at collection (it happened twice)."""
+    tests = Path(__file__).resolve().parent
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
