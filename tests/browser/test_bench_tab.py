@@ -11,35 +11,17 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import skip_unless_ci
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared UI helpers
 from ui_fixtures import serve  # noqa: E402
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-quic", "--disable-sync"]
-RUN_TIMEOUT_MS = 240_000
+from test_page import RUN_TIMEOUT_MS, browser  # noqa: E402,F401 (the shared fixtures)
+
 MARKUP = "<b>bold</b>"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        skip_unless_ci("chromium is not installed (apt-get install -y chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 @pytest.fixture(scope="module")

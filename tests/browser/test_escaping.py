@@ -8,43 +8,13 @@ markup that is too long is refused: the warning (status line and toast) shows it
 
 from __future__ import annotations
 
-import shutil
-import sys
-from pathlib import Path
-
 import pytest
 
-from helpers import skip_unless_ci
+from test_page import RUN_TIMEOUT_MS, browser, url  # noqa: F401 (the shared fixtures)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared UI helpers
-from ui_fixtures import serve, ui_engine  # noqa: E402
-
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-quic", "--disable-sync"]
-RUN_TIMEOUT_MS = 240_000
 MARKUP_PROMPT = "Copy this HTML code exactly:\n```html\n<b>bold</b>\n<script>window.__x=1</script>\n```"
 """The default model (greedy, float32) answers this with the snippet in a fenced code block."""
 METHODS_RUN = ("autoregressive", "prompt_lookup")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        skip_unless_ci("chromium is not installed (apt-get install -y chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture(scope="module")
-def url(browser, request):
-    with serve(ui_engine(request)) as u:
-        yield u
 
 
 def _only(page, methods) -> None:
