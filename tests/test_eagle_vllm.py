@@ -9,18 +9,14 @@ field fails here.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from helpers import require_vllm
 from playground.engine.eagle import DEFAULT_EAGLE_DIR
-
-_LOCAL = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
-VLLM_PYTHON = os.environ.get("PLAYGROUND_VLLM_PYTHON") or (str(_LOCAL) if _LOCAL.exists() else None)
 
 
 @pytest.mark.vllm
@@ -28,10 +24,7 @@ VLLM_PYTHON = os.environ.get("PLAYGROUND_VLLM_PYTHON") or (str(_LOCAL) if _LOCAL
 def test_shipped_head_loads_in_vllm_eagle3(real_target, tmp_path):
     """vLLM starts the default target with the shipped head as its eagle3 draft and generates greedily
     on one prompt."""
-    if not VLLM_PYTHON:
-        if os.environ.get("PLAYGROUND_REQUIRE_VLLM"):
-            pytest.fail("no vLLM environment (.venv-vllm) and PLAYGROUND_REQUIRE_VLLM is set")
-        pytest.skip("no vLLM environment: scripts/setup.sh --vllm")
+    require_vllm()  # skips without .venv-vllm; fails instead when CI requires vLLM
     folder = Path(real_target.model.config._name_or_path)
     script = textwrap.dedent(f"""
         from vllm import LLM, SamplingParams
@@ -46,6 +39,8 @@ def test_shipped_head_loads_in_vllm_eagle3(real_target, tmp_path):
     """)
     path = tmp_path / "run.py"
     path.write_text(script)
-    out = subprocess.run([VLLM_PYTHON, str(path)], capture_output=True, text=True, timeout=900)
+    from playground.backends.vllm.server import vllm_python
+
+    out = subprocess.run([str(vllm_python()), str(path)], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "SPEC" in out.stdout
