@@ -85,10 +85,10 @@ class PackedLinear(_PrepackedLinear):
 
     Input ``(..., in_features)`` float32 on the CPU, output ``(..., out_features)``. A single
     row through a layer under :data:`ONE_ROW_PACKED_MIN` weights may go to ``F.linear`` instead
-    (``_one_row_plain``, set by :func:`choose_one_row_paths` to whichever path is faster here):
-    on the AVX2 development machine MKL's matrix-vector product was as fast or faster (576 x 576:
-    52 us against oneDNN's 87 us); on an AVX-512 BF16 EPYC the packed weight was, and a token of the
-    default model took 39 ms all packed against 51 ms. So plain decoding loses nothing. When
+    (``_one_row_plain``, set by :func:`choose_one_row_paths` to whichever path is faster here,
+    timed as inside a forward pass). On an AVX-512 BF16 EPYC every layer of the default model is
+    faster packed (a one-token forward 25 ms at one thread against 35 ms through ``F.linear``).
+    So plain decoding loses nothing. When
     autograd needs the result (training through the layer) it falls back to ``F.linear``, so
     the layer stays trainable; the packed copy is not updated by training, so re-pack
     (:func:`pack_linear_layers`) after changing the weights.
@@ -141,37 +141,56 @@ _ONE_ROW_PLAIN: dict[tuple[int, int, int], bool] = {}
 
 
 @torch.inference_mode()
-def choose_one_row_paths(layers: list["PackedLinear"], rounds: int = 25) -> None:
+def choose_one_row_paths(layers: list["PackedLinear"], rounds: int = 8) -> None:
     """Set each layer's ``_one_row_plain``: whether one row is faster through ``F.linear`` (MKL's
     matrix-vector product) than through the packed weight, on this CPU at the current thread count.
 
     Layers from :data:`ONE_ROW_PACKED_MIN` weights always take the packed weight; without
     :data:`ONE_ROW_TIMING` smaller ones always take ``F.linear``. Otherwise both paths are timed
-    on one layer of each weight shape (after a warm-up, ``rounds`` calls each, alternating; the
-    medians are compared) and the verdict is kept per shape and thread count. Both paths compute
-    the same float32 products (summed in a different order), so the choice changes speed only.
+    in *sweeps*: one row through every layer of ``layers`` in turn (model order), the small layers
+    all plain in one sweep and all packed in the next, alternating, ``rounds`` sweeps each after a
+    warm-up; each weight shape's summed time per sweep is compared by median and the verdict kept
+    per shape and thread count. Sweeping matters: a layer called in a loop finds its weight in the
+    cache, as it never does inside a forward pass. Timed that way (until 2026-12-01), the default
+    model's small layers chose ``F.linear`` on an AVX-512 BF16 EPYC and a one-token forward took
+    35 ms at one thread against 25 ms all packed (and 26 ms for two tokens), so plain decoding ran
+    slower than a speculative step and every speedup was inflated. Both paths compute the same
+    float32 products (summed in a different order), so the choice changes speed only.
     """
     threads = torch.get_num_threads()
+    small = []
     for layer in layers:
         if layer.weight.numel() >= ONE_ROW_PACKED_MIN:
             layer._one_row_plain = False
-            continue
-        if not ONE_ROW_TIMING:
+        elif not ONE_ROW_TIMING:
             layer._one_row_plain = True
-            continue
-        key = (layer.out_features, layer.in_features, threads)
-        if key not in _ONE_ROW_PLAIN:
-            x = torch.randn(1, layer.in_features)
-            plain = lambda: nn.functional.linear(x, layer.weight, layer.bias)  # noqa: E731
-            times: dict[str, list[float]] = {"plain": [], "packed": []}
-            for i in range(rounds + 3):
-                for kind, call in (("plain", plain), ("packed", lambda: layer._packed_forward(x))):
+        else:
+            small.append(layer)
+    key = lambda layer: (layer.out_features, layer.in_features, threads)  # noqa: E731
+    todo = {id(layer) for layer in small if key(layer) not in _ONE_ROW_PLAIN}
+    if todo:
+        inputs = {n: torch.randn(1, n) for n in {layer.in_features for layer in layers}}
+        times: dict[str, dict[tuple, list[float]]] = {"plain": {}, "packed": {}}
+        for i in range(rounds + 1):
+            for kind in (("plain", "packed") if i % 2 == 0 else ("packed", "plain")):
+                sums: dict[tuple, float] = {}
+                for layer in layers:
+                    x = inputs[layer.in_features]
+                    plain = kind == "plain" and id(layer) in todo
                     t0 = time.perf_counter()
-                    call()
-                    if i >= 3:
-                        times[kind].append(time.perf_counter() - t0)
-            _ONE_ROW_PLAIN[key] = statistics.median(times["plain"]) <= statistics.median(times["packed"])
-        layer._one_row_plain = _ONE_ROW_PLAIN[key]
+                    if plain:
+                        nn.functional.linear(x, layer.weight, layer.bias)
+                    else:
+                        layer._packed_forward(x)
+                    if id(layer) in todo:
+                        sums[key(layer)] = sums.get(key(layer), 0.0) + time.perf_counter() - t0
+                if i:  # the first pair warms up
+                    for k, v in sums.items():
+                        times[kind].setdefault(k, []).append(v)
+        for k in times["plain"]:
+            _ONE_ROW_PLAIN[k] = statistics.median(times["plain"][k]) <= statistics.median(times["packed"][k])
+    for layer in small:
+        layer._one_row_plain = _ONE_ROW_PLAIN[key(layer)]
 
 
 def _agrees(layer: nn.Linear, tolerance: float = 1e-3) -> bool:
