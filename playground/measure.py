@@ -145,7 +145,7 @@ def _benchmark_record(args) -> dict:
             "command": args.bench_command or f"python -m playground.bench ... --out {Path(args.bench).name}",
             "questions": args.questions or f"{len(questions)} questions ({len(turns)} turns), categories "
                          + ", ".join(sorted({str(r.get('category')) for r in records})),
-            "target": first.get("target", "default"), "dtype": first.get("dtype"), "threads": args.threads,
+            "target": first.get("target", "default"), "dtype": first.get("dtype") or args.dtype, "threads": args.threads,
             "temperature": float(first.get("temperature") or 0.0), "baseline_tokens_per_s": base_tps,
             "methods": methods}
 
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--questions", default=None, help="a description of the questions (recorded)")
     p.add_argument("--target", default="default")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="float32", help="target dtype (for --bench: recorded when its records name none)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (recorded)")
     p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3, 5, 9, 13, 17, 25, 33, 64],
                    help="tokens per forward to time, comma-separated")

@@ -159,3 +159,32 @@ def test_prompt_lookup_estimates_follow_match_length():
     short = d.propose(st([7, 8, 9, 7]))
     assert long.accept_probs[0] > short.accept_probs[0]
     assert long.accept_probs[1] >= long.accept_probs[0]
+
+
+def test_prompt_lookup_streak_follows_whole_copies():
+    """A copy the target took whole raises the next step's first estimate (the streak key: 0, 1,
+    then 2 at most); a copy it cut resets it; a step that verified none of the chain (plain step, or
+    pruned away) leaves it alone; in a merged tree only the drafter's own verified chain counts."""
+    from playground.engine.drafter import DecodeState
+    from playground.engine.sampling import SamplingConfig
+    d = PromptLookupDrafter(3, 4)
+    toks = [1, 2, 3, 4, 5, 6, 1, 2, 3]
+    st = DecodeState(toks, 2, SamplingConfig(), None, 8, torch.device("cpu"), 64)
+    first = d.propose(st)
+    assert d.found == [4, 5, 6, 1]
+    verdict = lambda cand, path: StepResult(cand, path, 9, toks)  # noqa: E731
+    d.update(verdict(first, [0, 1, 2, 3]))
+    assert d.streak == 1
+    second = d.propose(st)
+    assert second.accept_probs[0] > first.accept_probs[0]
+    d.update(verdict(second, [0, 1, 2, 3]))
+    d.propose(st)
+    d.update(verdict(Candidates.chain([4, 5], "pl"), [0, 1]))  # the budget kept two nodes: whole
+    assert d.streak == 2
+    d.propose(st)
+    d.update(verdict(Candidates.empty(torch.device("cpu")), []))  # a plain step
+    assert d.streak == 2
+    d.propose(st)
+    merged = Candidates(torch.tensor([4, 5, 7]), torch.tensor([-1, 0, -1]), ["pl", "pl", "x"])
+    d.update(verdict(merged, [2]))  # another member's token taken instead
+    assert d.streak == 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .budget import AcceptanceEstimator, with_budget_knob
+from .budget import AcceptanceEstimator, node_paths, with_budget_knob
 from .step_cost import build_with_budget
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_PROMPT_LOOKUP, SOURCE_TARGET
@@ -65,22 +65,37 @@ class PromptLookupDrafter(Drafter):
         self.max_ngram_size = PROMPT_LOOKUP_NGRAM_KNOB.check(max_ngram_size)
         self.num_pred_tokens = PROMPT_LOOKUP_TOKENS_KNOB.check(num_pred_tokens)
         self.estimator = AcceptanceEstimator()
+        self.streak = 0  # steps in a row whose verified proposal was accepted whole (capped at 2)
+        self.found: list[int] = []
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.streak, self.found = 0, []
 
     def propose(self, state: DecodeState) -> Candidates:
         k = min(self.num_pred_tokens, state.budget)
         if k <= 0:
             return Candidates.empty(state.device)
         found, n = find_match(torch.tensor(state.tokens), self.max_ngram_size, k)
+        self.found = list(found)
         cand = Candidates.chain(found, self.source, device=state.device)
-        # Acceptance estimate: a running hit rate per (match length, depth), from a prior that
-        # trusts longer matches and deeper tokens of a copy that has held so far.
-        keys = [(min(n, 4), min(d, 6)) for d in range(1, len(found) + 1)]
-        priors = [(0.25 + 0.1 * min(n, 4)) if d == 1 else 0.8 for _, d in keys]
+        # Acceptance estimate: a running hit rate per (match length, depth, streak), from a prior
+        # that trusts longer matches, deeper tokens of a copy that has held so far, and a copy the
+        # target took whole at the previous steps (translation, extraction: copying runs on).
+        keys = [(min(n, 4), min(d, 6), self.streak) for d in range(1, len(found) + 1)]
+        priors = [(0.25 + 0.1 * min(n, 4) + 0.15 * s) if d == 1 else 0.8 for _, d, s in keys]
         cand.accept_probs = self.estimator.estimate(cand, keys, priors)
         return cand
 
     def update(self, result: StepResult) -> None:
         self.estimator.observe(result)
+        # The streak: did the target take the part of this drafter's chain that was verified (the
+        # budget may have cut it; in a mixture it shares the tree)? Nothing verified: unchanged.
+        paths = set(node_paths(result.candidates))
+        verified = next((n for n in range(len(self.found), 0, -1) if tuple(self.found[:n]) in paths), 0)
+        if verified:
+            taken = [int(result.candidates.tokens[i]) for i in result.path]
+            whole = taken[:verified] == self.found[:verified]
+            self.streak = min(2, self.streak + 1) if whole else 0
 
 
 METHOD = register(MethodInfo(

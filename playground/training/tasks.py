@@ -85,7 +85,9 @@ CATEGORIES = {
                   ("If", "Suppose", "Imagine", "Which", "A man", "There are", "Why")),
     "code": ("You are an expert Python programmer who writes clear, correct code.",
              ("Write a Python function", "Implement", "Write a program", "Write a function", "Fix this code:",
-              "How do I", "Explain this code:", "Write a SQL query", "Create a class")),
+              "How do I", "Explain this code:", "Write a SQL query", "Create a class", "Write a C++ program",
+              "Write a JavaScript function", "Develop a Python program", "def ", "Write a unit test for",
+              "Complete this function:", "Write a regular expression")),
     "math": ("You are a patient maths tutor who explains step by step.",
              ("Solve", "Calculate", "Find", "What is", "Prove", "A store", "A train", "John has", "Sarah buys",
               "If a", "A farmer", "Tom")),
@@ -96,6 +98,10 @@ CATEGORIES = {
     "qa": ("You are a helpful AI assistant.", ("Who", "When", "Where", "What", "Which", "How many")),
 }
 """Magpie categories: the system prompt that steers the request and the words it starts with."""
+
+CATEGORY_WEIGHTS = {"code": 3, "math": 2}
+"""How many times more often than the others a category's requests are drawn (code and maths
+answers are the ones the first shipped head predicted worst). Rounds 0-15 were drawn uniformly."""
 
 OVER_PASSAGE = {
     "summary": ("Summarize: {p}", "Summarize the following text in a few sentences.\n\n{p}",
@@ -168,7 +174,8 @@ def generate_round(model, tokenizer, round_index: int, *, batch_size: int, answe
     passages = [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in passages_ids]
     passages = [p for p in passages if len(p) > 200]
     # 2. Requests: Magpie per category, and questions over passages.
-    cats = [rng.choice(list(CATEGORIES)) for _ in range(batch_size)]
+    names = list(CATEGORIES)
+    cats = rng.choices(names, weights=[CATEGORY_WEIGHTS.get(c, 1) for c in names], k=batch_size)
     starts = [rng.choice(CATEGORIES[c][1]) for c in cats]
     q_texts = [magpie_prefix(tokenizer, CATEGORIES[c][0]) + o for c, o in zip(cats, starts)]
     qa_passages = passages[: max(1, len(passages) // 4)]
