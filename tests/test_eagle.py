@@ -154,6 +154,29 @@ def test_rerank_keeps_ancestors():
         assert all(p < i for i, p in enumerate(parents))
 
 
+def test_expansion_stops_when_no_level_can_pay():
+    """``stop_below``: a level is expanded only while the newest level's likeliest node is worth at
+    least that much; 0 expands every level. The drafter sets it from its own timing only under
+    ``total_tokens=auto`` and a verify-cost curve with measured seconds."""
+    calls = []
+
+    def step(states, tokens, anc, level):  # every child's probability is 0.5: level d is worth 0.5 ** d
+        calls.append(level)
+        return torch.log(torch.full((tokens.shape[0], 8), 1 / 16).index_fill(1, torch.tensor([0]), 0.5)), states
+    root = torch.log(torch.full((8,), 1 / 16).index_fill(0, torch.tensor([0]), 0.5))
+    full = expand(step, root, torch.zeros(4), 5, 2, torch.arange(8))
+    assert calls == [2, 3, 4, 5] and int(full.depths.max()) == 5
+    calls.clear()
+    cut = expand(step, root, torch.zeros(4), 5, 2, torch.arange(8), stop_below=0.2)
+    assert calls == [2, 3] and int(cut.depths.max()) == 3  # 0.5 ** 3 = 0.125 < 0.2: no level 4
+    model = tiny_llama(21, num_layers=3)
+    head = tiny_head(model, 22)
+    from playground.engine.theory import VerifyCost
+    timed = VerifyCost({1: 1.0, 2: 1.1, 65: 3.0}, {1: 0.03, 2: 0.033})
+    assert EagleDrafter(head, verify_cost=timed).target_step_s == 0.03
+    assert EagleDrafter(head, verify_cost=VerifyCost({1: 1.0, 2: 1.1})).target_step_s == 0.0
+
+
 def test_unrolled_training_equals_drafting():
     """The training-time test's unrolled step j at position t gives the same logits as decoding-time
     drafting at depth j + 1 below root t + 1 along the ground-truth tokens (cache, masks, positions);

@@ -8,7 +8,10 @@ Per step:
    previous step's tree entries.
 2. **Expand and rerank** (:mod:`.tree`): ``depth`` levels, ``top_k`` children per expanded node,
    the best ``total_tokens`` nodes by cumulative draft log-probability (``auto``: as many as pay for
-   their verification on this device's measured cost curve).
+   their verification on this device's measured cost curve). With ``auto`` the expansion also stops
+   early once the likeliest newest node is worth less than a draft level costs (this drafter's
+   running mean seconds of one level over the target's one-token seconds): on a CPU a level is
+   several per cent of a target step, and deep levels of an unsure draft rarely pay.
 3. The nodes go out as :class:`~playground.engine.tree.Candidates` with sources ``eagle_d<depth>``
    and ``accept_probs`` = each node's draft probability given its parent.
 
@@ -18,6 +21,7 @@ sampling the one-hot speculative rule keeps the target's distribution exactly.
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import torch
@@ -59,6 +63,9 @@ class EagleDrafter(Drafter):
         self.feature_layers = tuple(head.feature_layers)
         self.last_sizes: list[int] = []
         self.last_tree: dict | None = None
+        seconds = getattr(verify_cost, "seconds", None) or {}
+        self.target_step_s = float(seconds.get(1, 0.0))  # 0: unknown, no early stop
+        self.level_s = 0.0  # running mean seconds of one draft level (expansion call)
         self.begin([])
 
     def begin(self, prompt_ids: list[int]) -> None:
@@ -108,10 +115,18 @@ class EagleDrafter(Drafter):
                 attend[i, [committed + a for a in anc]] = True
                 attend[i, committed + tree_len + i] = True
             positions = torch.full((f,), root_pos + level - 1, dtype=torch.long, device=dev)
+            t0 = time.perf_counter()
             logits, out = head.step(self.cache, states, tokens.to(dev), positions, attend.to(dev))
-            return torch.log_softmax(logits, -1), out
+            out = (torch.log_softmax(logits, -1), out)
+            spent = time.perf_counter() - t0
+            self.level_s = spent if not self.level_s else 0.9 * self.level_s + 0.1 * spent
+            return out
 
-        pool = expand(step, torch.log_softmax(root_logits, -1), root_h, depth, self.top_k, head.draft_ids.cpu())
+        stop_below = 0.0
+        if self.total_tokens == AUTO and self.target_step_s > 0 and self.level_s > 0:
+            stop_below = min(0.5, self.level_s / self.target_step_s)
+        pool = expand(step, torch.log_softmax(root_logits, -1), root_h, depth, self.top_k, head.draft_ids.cpu(),
+                      stop_below)
         if self.total_tokens == AUTO:
             cost = self.verify_cost or (lambda q: 1.0)
             n = choose_size(pool.scores.exp(), cost, self.max_total)

@@ -43,8 +43,13 @@ class DraftPool:
 
 
 def expand(step: Callable, root_logp: torch.Tensor, root_state, depth: int, top_k: int,
-           draft_ids: torch.Tensor) -> DraftPool:
+           draft_ids: torch.Tensor, stop_below: float = 0.0) -> DraftPool:
     """Step 1 (expansion), batched per level.
+
+    A further level is expanded only while the likeliest node of the newest level has a value
+    (path probability) of at least ``stop_below``: no child of it can be worth more, so when that
+    is less than what a draft call costs (relative to a target step) the level cannot pay for
+    itself. With 0 (EAGLE-2's rule) all ``depth`` levels are expanded.
 
     Args:
         step: ``step(states, tokens, parent_entries, level) -> (logp, states)``: runs the draft on the
@@ -56,6 +61,7 @@ def expand(step: Callable, root_logp: torch.Tensor, root_state, depth: int, top_
         root_state: the state (pre-norm output) of the root's entry.
         depth, top_k: levels and children per expanded node.
         draft_ids: ``(draft_vocab_size,)`` target id of each draft id.
+        stop_below: the early stop above (a probability; 0: never).
     """
     k = min(top_k, root_logp.shape[0])
     lp, ix = root_logp.float().topk(k)
@@ -70,6 +76,8 @@ def expand(step: Callable, root_logp: torch.Tensor, root_state, depth: int, top_
     all_scores = lp.clone()
     all_tokens = tokens[0].clone()
     for level in range(2, depth + 1):
+        if stop_below > 0 and float(all_scores[level_nodes].max().exp()) < stop_below:
+            break
         # 1a. The top_k nodes of the newest level (by score) are expanded.
         order = all_scores[level_nodes].topk(min(top_k, len(level_nodes))).indices
         frontier = level_nodes[order].tolist()
