@@ -148,6 +148,43 @@ def test_budget_auto_is_lossless_through_the_engine(method):
             assert out == baseline, (method, budget)
 
 
+def test_draft_gate_skips_below_break_even_and_probes():
+    """DraftGate: drafts while the first token's moving acceptance is at least ``pay_at``; below it,
+    drafts only every ``probe_every``-th step; verdicts move the rate; ``pay_at`` 0 never skips."""
+    from playground.engine.budget import DraftGate
+    gate = DraftGate(pay_at=0.5, prior=0.6, rate=0.5, probe_every=4)
+    assert gate.draft_now()
+    gate.observe(False)  # 0.3
+    assert [gate.draft_now() for _ in range(8)] == [False, False, False, True] * 2
+    gate.observe(True)
+    gate.observe(True)  # 0.825
+    assert all(gate.draft_now() for _ in range(5))
+    never = DraftGate()
+    for _ in range(20):
+        never.observe(False)
+    assert all(never.draft_now() for _ in range(5))
+
+
+def test_draft_model_skipping_steps_stays_lossless():
+    """A draft model whose passes look as dear as target steps skips drafting (a plain step) for
+    three steps in four and catches its cache up when it drafts again: greedy output still equals the
+    baseline on 8 prompts, and some steps were plain."""
+    from helpers import noisy_copy
+    model = tiny_llama(3)
+    engine = Engine(FakeLoaded(model), FakeLoaded(noisy_copy(model, 0.03, 1)))
+    g = torch.Generator().manual_seed(6)
+    plain = 0
+    for _ in range(8):
+        prompt, baseline, _ = clear_greedy_baseline(engine.target_lm, g, 10, 5, 24)
+        drafter = engine.make_drafter(MethodSpec("draft_model", {"budget": "auto"}))
+        drafter.draft_s = 1e3  # the gate's break-even above 1: it opens only to probe
+        from playground.engine.decoding import decode
+        events = list(decode(engine.target_lm, drafter, prompt, GenerationSettings(max_new_tokens=24)))
+        assert [t for e in events for t in e.tokens] == baseline
+        plain += sum(e.proposed == 0 for e in events)
+    assert plain > 0
+
+
 def test_prompt_lookup_estimates_follow_match_length():
     """Prompt lookup's estimates start higher for longer matches and deeper in a copy, and come with
     every proposal."""

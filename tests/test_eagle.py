@@ -85,6 +85,26 @@ def test_eagle_greedy_equals_baseline(cases):
     assert 0 < accepted < proposed
 
 
+def test_eagle_skipping_steps_stays_lossless(cases):
+    """With the draft gate closed most of the time (a draft level made to look as dear as a target
+    step), EAGLE skips drafting for three steps in four, catches the skipped steps' features up at
+    the next step that drafts, and its greedy output still equals the baseline on every prompt."""
+    from playground.engine.theory import VerifyCost
+    settings = GenerationSettings(max_new_tokens=32)
+    cost = VerifyCost({1: 1.0, 2: 1.05, 65: 4.2}, {1: 1e-3})
+    skipped = 0
+    for seed, target, head, prompt, baseline, margins in cases[:12]:
+        drafter = EagleDrafter(head, depth=3, top_k=3, verify_cost=cost)
+        drafter.level_s = 1.0  # as dear as 1000 target steps: the gate opens only to probe
+        drafter.target_step_s = 1e-3
+        events = run_events(target, drafter, prompt, settings=settings, eos_token_ids=(EOS,))
+        drafter.level_s = 1.0
+        out = [t for e in events for t in e.tokens]
+        assert check_lossless(baseline, margins, out).matched, seed
+        skipped += sum(e.proposed == 0 for e in events)
+    assert skipped > 0
+
+
 def test_eagle_sampling_matches_target():
     """Sampling (temperature 0.9, top-k 8) with EAGLE: the first three tokens of 1,500 seeded runs
     follow the target's exact joint (chi-square; a false alarm has odds below 1e-4)."""

@@ -245,6 +245,44 @@ class AcceptanceEstimator:
         self.pending = {}
 
 
+class DraftGate:
+    """Whether a costly drafter should draft at all this step (the budget's step-level half).
+
+    The per-node budget prunes what a proposal holds, but a draft model or an EAGLE head has
+    already paid its drafting passes by then. A drafter that asks this gate first skips drafting
+    (a plain step) while the recent acceptance of its first token is below ``pay_at``, the share of
+    a target step that drafting one token and verifying it costs: its expected gain is that
+    acceptance, in tokens, so below ``pay_at`` a drafted token loses time on average. The rate is an
+    exponential moving average (weight ``rate`` per observation, starting at ``prior``) of the first
+    token's verdicts; while skipping, every ``probe_every``-th step drafts anyway, so a rise in
+    acceptance (a new part of the answer) is seen again.
+
+    Skipping changes which tokens are verified, never which are accepted: output is unchanged.
+
+    Args:
+        pay_at: the break-even acceptance, in [0, 1) (0: never skip).
+        prior: the starting rate; rate: the moving average's weight; probe_every: a skipped run's
+            probing period, in steps.
+    """
+
+    def __init__(self, pay_at: float = 0.0, prior: float = 0.6, rate: float = 0.15, probe_every: int = 4):
+        self.pay_at, self.first_rate = float(pay_at), float(prior)
+        self.rate, self.probe_every = float(rate), int(probe_every)
+        self.skipped = 0
+
+    def draft_now(self) -> bool:
+        """True to draft this step (counts a skip otherwise)."""
+        if self.first_rate >= self.pay_at or self.skipped + 1 >= self.probe_every:
+            self.skipped = 0
+            return True
+        self.skipped += 1
+        return False
+
+    def observe(self, accepted: bool) -> None:
+        """One verdict on a drafted first token (accepted or not)."""
+        self.first_rate += self.rate * (float(accepted) - self.first_rate)
+
+
 def probability_bin(p: float, bins: int = 10) -> int:
     """The bin of a probability in [0, 1] (``bins`` equal bins), a key for :class:`AcceptanceEstimator`."""
     return min(bins - 1, max(0, int(float(p) * bins)))
@@ -255,6 +293,6 @@ def with_budget_knob(knobs: tuple) -> tuple:
     return tuple(knobs) + (BUDGET_KNOB,)
 
 
-__all__ = ["BUDGET_KNOB", "BUDGET_AUTO", "BUDGET_OFF", "StepCost", "best_subtree",
+__all__ = ["BUDGET_KNOB", "BUDGET_AUTO", "BUDGET_OFF", "StepCost", "DraftGate", "best_subtree",
            "best_subtree_reference", "subset", "apply_budget", "AcceptanceEstimator", "node_paths",
            "probability_bin", "path_probs", "with_budget_knob"]

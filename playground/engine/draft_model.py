@@ -17,12 +17,13 @@ verification stays exact because the target checks every drafted token.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .budget import AcceptanceEstimator, probability_bin, with_budget_knob
+from .budget import AcceptanceEstimator, DraftGate, probability_bin, with_budget_knob
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_DRAFT, SOURCE_TARGET
 from .limits import DRAFT_CONFIDENCE_KNOB, DRAFT_PROPOSER_KNOB, K_KNOB
@@ -163,10 +164,23 @@ class DraftModelDrafter(Drafter):
         self.cache = None
         self.fed: list[int] = []  # token ids held in the draft's KV cache, in order
         self.estimator = AcceptanceEstimator()
+        self.gate = DraftGate()
+        self.draft_s = 0.0  # running mean seconds of one draft forward
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.cache = self.draft.new_cache()
         self.fed = []
+        self.gate = DraftGate()
+
+    def _gate_open(self) -> bool:
+        """With the budget on: whether drafting can pay this step (:class:`DraftGate`, its break-even
+        the draft pass's share of a plain target step plus one more verified query's)."""
+        if self.budget_cost is None:
+            return True
+        plain_s = float(getattr(self.budget_cost.chain, "seconds", {}).get(1, 0.0))
+        if plain_s > 0 and self.draft_s > 0:
+            self.gate.pay_at = self.draft_s / plain_s + max(0.0, self.budget_cost(2, True) - 1.0)
+        return self.gate.draft_now()
 
     def _sync_cache(self, tokens: list[int]) -> list[int]:
         """Roll the cache back to its common prefix with ``tokens``; return the unseen tail."""
@@ -202,7 +216,7 @@ class DraftModelDrafter(Drafter):
 
     def propose(self, state: DecodeState) -> Candidates:
         k = min(self.k, state.budget)
-        if k <= 0:
+        if k <= 0 or not self._gate_open():
             return Candidates.empty(state.device)
         pending = self._sync_cache(state.tokens)
         drafted: list[int] = []
@@ -216,8 +230,11 @@ class DraftModelDrafter(Drafter):
                 break
             # 1. Feed what the draft has not seen (the unseen tail, then each drafted token).
             feed = torch.tensor(pending if i == 0 else [drafted[-1]], dtype=torch.long)
+            t0 = time.perf_counter()
             logits = self.draft.forward(self.cache, feed if self.token_map is None else self.token_map.draft_ids(feed),
                                         last_only=True)[-1]
+            spent = time.perf_counter() - t0
+            self.draft_s = spent if not self.draft_s else 0.9 * self.draft_s + 0.1 * spent
             self.fed.extend(feed.tolist())
             if state.sampling.greedy:
                 # 2-3. Greedy: the argmax, unless the draft is unsure of this position.
@@ -261,8 +278,9 @@ class DraftModelDrafter(Drafter):
 
     def update(self, result: StepResult) -> None:
         self.estimator.observe(result)
+        if len(result.candidates):  # a chain: its first token is always tested
+            self.gate.observe(bool(result.path))
         # Rejected drafted tokens are dropped lazily, by the next propose's _sync_cache.
-        pass
 
 
 class MedusaDraftDrafter(DraftModelDrafter):

@@ -26,6 +26,7 @@ from typing import Callable
 
 import torch
 
+from ..budget import DraftGate
 from ..drafter import DecodeState, Drafter, StepResult
 from ..tree import Candidates
 from .head import EagleHead
@@ -72,6 +73,18 @@ class EagleDrafter(Drafter):
         self.cache = self.head.new_cache()
         self.committed = 0  # draft entries for positions 0 .. committed - 1
         self.last_tree = None
+        self.skipped_feats: list[torch.Tensor] = []  # features of steps that skipped drafting
+        self.gate = DraftGate()
+
+    def _gate_open(self) -> bool:
+        """With ``total_tokens=auto``: whether drafting can pay this step (:class:`DraftGate`; its
+        break-even two head calls, the catch-up and one level, over a plain target step, plus one
+        more verified query)."""
+        if self.total_tokens != AUTO or not (self.target_step_s > 0 and self.level_s > 0):
+            return True
+        extra = max(0.0, float(self.verify_cost(2)) - 1.0) if self.verify_cost is not None else 0.0
+        self.gate.pay_at = 2 * self.level_s / self.target_step_s + extra
+        return self.gate.draft_now()
 
     @torch.inference_mode()
     def _catch_up(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -79,6 +92,9 @@ class EagleDrafter(Drafter):
         head = self.head
         n = len(state.tokens) - 1  # the root's position
         feats = state.features
+        if self.skipped_feats and feats is not None:
+            feats = torch.cat(self.skipped_feats + [feats.to(self.skipped_feats[0].device)])
+        self.skipped_feats = []
         want = n - self.committed
         if feats is None or feats.dim() != 2 or feats.shape[0] != want:
             raise ValueError(f"EagleDrafter needs the target's features of the {want} positions committed since "
@@ -98,8 +114,12 @@ class EagleDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Candidates:
-        root_logits, root_h, root_pos = self._catch_up(state)
         depth = min(self.depth, state.budget)
+        if depth > 0 and state.features is not None and not self._gate_open():
+            self.skipped_feats.append(state.features)  # caught up at the next step that drafts
+            self.last_tree = None
+            return Candidates.empty(state.device)
+        root_logits, root_h, root_pos = self._catch_up(state)
         if depth <= 0:
             return Candidates.empty(state.device)
         head, committed = self.head, self.committed
@@ -145,6 +165,8 @@ class EagleDrafter(Drafter):
     def update(self, result: StepResult) -> None:
         if self.last_tree is not None:
             self.last_tree["accepted"] = list(result.path)
+        if len(result.candidates):  # the root's children are always tested
+            self.gate.observe(bool(result.path))
 
     def info(self) -> dict[str, int | float]:
         if not self.last_sizes:
