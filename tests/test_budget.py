@@ -148,6 +148,22 @@ def test_budget_auto_is_lossless_through_the_engine(method):
             assert out == baseline, (method, budget)
 
 
+def test_estimator_counts_fade():
+    """Each observed step fades every count by ``memory``: after a run of misses, a run of hits moves
+    the estimate back up faster than pooled counts would; memory 1 never forgets; bad values raise."""
+    cand = Candidates(torch.tensor([1]), torch.tensor([-1]), ["s"])
+    est, pooled = AcceptanceEstimator(memory=0.9), AcceptanceEstimator(memory=1.0)
+    for hit in [False] * 40 + [True] * 10:
+        for e in (est, pooled):
+            e.estimate(cand, ["a"], [0.5])
+            e.observe(StepResult(cand, [0] if hit else [], bonus_token=9))
+    assert pooled.tests["a"] == 50.0 and pooled.hits["a"] == 10.0
+    assert est.tests["a"] < 10.0
+    assert est.estimate(cand, ["a"], [0.5])[0] > 0.5 > pooled.estimate(cand, ["a"], [0.5])[0]
+    with pytest.raises(ValueError, match="memory"):
+        AcceptanceEstimator(memory=0.0)
+
+
 def test_draft_gate_skips_below_break_even_and_probes():
     """DraftGate: drafts while the first token's moving acceptance is at least ``pay_at``; below it,
     drafts only every ``probe_every``-th step; verdicts move the rate; ``pay_at`` 0 never skips."""

@@ -207,12 +207,19 @@ class AcceptanceEstimator:
     Nodes are recognised in the verdict by their token paths (:func:`node_paths`), so pruning by
     the budget or merging into a mixture tree loses nothing.
 
+    Counts fade: each observed step first multiplies every count by ``memory``, so an estimate
+    follows the current stretch of the answer (about ``1 / (1 - memory)`` steps: a copied passage,
+    then free text) rather than the pooled history of every earlier question.
+
     Args:
         strength: weight of the prior, in pseudo-observations.
+        memory: the fading factor per observed step, in (0, 1] (1: never forget).
     """
 
-    def __init__(self, strength: float = 4.0):
-        self.strength = float(strength)
+    def __init__(self, strength: float = 4.0, memory: float = 0.98):
+        if not 0.0 < memory <= 1.0:
+            raise ValueError(f"memory must be in (0, 1], got {memory}")
+        self.strength, self.memory = float(strength), float(memory)
         self.hits: dict[Hashable, float] = {}
         self.tests: dict[Hashable, float] = {}
         self.pending: dict[tuple[int, ...], Hashable] = {}
@@ -232,6 +239,10 @@ class AcceptanceEstimator:
         """Count the tests and hits of the remembered nodes in a step's verdict (``StepResult``)."""
         if not self.pending:
             return
+        if self.memory < 1.0:
+            for counts in (self.hits, self.tests):
+                for k in counts:
+                    counts[k] *= self.memory
         cand = result.candidates
         parents = cand.parents.tolist()
         accepted = set(result.path)
