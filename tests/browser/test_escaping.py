@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_page import RUN_TIMEOUT_MS, browser, url  # noqa: F401 (the shared fixtures)
+from test_page import RUN_TIMEOUT_MS, browser, set_number, url  # noqa: F401 (the shared fixtures)
 
 MARKUP_PROMPT = "Copy this HTML code exactly:\n```html\n<b>bold</b>\n<script>window.__x=1</script>\n```"
 """The default model (greedy, float32) answers this with the snippet in a fenced code block."""
@@ -26,21 +26,6 @@ def _only(page, methods) -> None:
         page.locator(f"#use-{m} input[type=checkbox]").check()
 
 
-def _set_number(page, elem_id: str, value: str) -> None:
-    from playwright.sync_api import expect
-
-    box = page.locator(f"#{elem_id} input[type=number]")
-    for _ in range(3):  # on a loaded machine the page may still re-render the field: fill until it sticks
-        box.fill(value)
-        box.press("Enter")
-        try:
-            expect(box).to_have_value(value, timeout=10_000)
-            return
-        except AssertionError:
-            continue
-    expect(box).to_have_value(value)
-
-
 @pytest.mark.real_model
 def test_markup_in_output_and_messages_is_shown_as_text(browser, url):
     """Panels show the model's ``<b>``/``<script>`` literally and run nothing; a refused stop string
@@ -54,7 +39,7 @@ def test_markup_in_output_and_messages_is_shown_as_text(browser, url):
         page.locator("#prompt textarea").fill(MARKUP_PROMPT)
         _only(page, METHODS_RUN)
         page.get_by_text("Generation settings", exact=True).click()
-        _set_number(page, "gen-max_new_tokens", "32")
+        set_number(page, "gen-max_new_tokens", "32")
 
         # 1. A stop string of markup, too long: refused, and the message shows it as text.
         stop = "<b>bold</b>" * 7  # 77 characters: over the 64 allowed

@@ -26,6 +26,39 @@ PROMPT = "Repeat this sentence three times: The quick brown fox jumps over the l
 RUN_TIMEOUT_MS = 240_000  # a 2-core machine shared with other jobs can be slow; never a sleep
 
 
+def prepare_run(page, url: str, prompt: str, methods, max_new_tokens: str) -> None:
+    """Open the page, type ``prompt``, tick only ``methods`` and set the most new tokens (opening the
+    generation settings, left open); the caller presses Run."""
+    from playwright.sync_api import expect
+
+    page.goto(url)
+    expect(page.locator("#prompt textarea")).to_be_visible(timeout=60_000)
+    page.locator("#prompt textarea").fill(prompt)
+    for box in page.locator("[id^=use-] input[type=checkbox]").all():
+        if box.is_enabled() and box.is_checked():
+            box.uncheck()
+    for m in methods:
+        page.locator(f"#use-{m} input[type=checkbox]").check()
+    page.get_by_text("Generation settings", exact=True).click()
+    set_number(page, "gen-max_new_tokens", max_new_tokens)
+
+
+def set_number(page, elem_id: str, value: str) -> None:
+    """Type ``value`` into the number field ``#elem_id`` and wait until the page keeps it."""
+    from playwright.sync_api import expect
+
+    box = page.locator(f"#{elem_id} input[type=number]")
+    for _ in range(3):  # on a loaded machine the page may still re-render the field: fill until it sticks
+        box.fill(value)
+        box.press("Enter")
+        try:
+            expect(box).to_have_value(value, timeout=10_000)
+            return
+        except AssertionError:
+            continue
+    expect(box).to_have_value(value)
+
+
 @pytest.fixture(scope="module")
 def browser():
     chromium = shutil.which("chromium")

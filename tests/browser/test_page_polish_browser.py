@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_page import ROOT, RUN_TIMEOUT_MS, browser  # noqa: E402,F401  (the shared fixtures)
+from test_page import ROOT, RUN_TIMEOUT_MS, browser, prepare_run  # noqa: E402,F401  (the shared fixtures)
 from ui_fixtures import serve, ui_engine  # noqa: E402
 
 SHOT = ROOT / "artifacts" / "screenshots" / "polish_first_screen.png"
@@ -39,24 +39,7 @@ def ran(browser, served):  # noqa: F811
     from playwright.sync_api import expect
 
     page = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
-    page.goto(served[0])
-    expect(page.locator("#prompt textarea")).to_be_visible(timeout=60_000)
-    page.locator("#prompt textarea").fill(PROMPT)
-    for box in page.locator("[id^=use-] input[type=checkbox]").all():
-        if box.is_enabled() and box.is_checked():
-            box.uncheck()
-    for m in METHODS_RUN:
-        page.locator(f"#use-{m} input[type=checkbox]").check()
-    page.get_by_text("Generation settings", exact=True).click()
-    max_new = page.locator("#gen-max_new_tokens input[type=number]")
-    for _ in range(3):  # a loaded machine may re-render the field: fill until it sticks
-        max_new.fill("12")
-        max_new.press("Enter")
-        try:
-            expect(max_new).to_have_value("12", timeout=10_000)
-            break
-        except AssertionError:
-            continue
+    prepare_run(page, served[0], PROMPT, METHODS_RUN, "12")
     page.get_by_text("Generation settings", exact=True).click()
     page.evaluate("() => window.scrollTo(0, 0)")
     page.locator("#run").click()

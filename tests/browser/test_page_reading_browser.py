@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/browser: the browser fixture
-from test_page import PROMPT, RUN_TIMEOUT_MS, browser  # noqa: E402,F401  (the module-scoped Chromium fixture)
+from test_page import PROMPT, RUN_TIMEOUT_MS, browser, set_number  # noqa: E402,F401  (the module-scoped Chromium fixture)
 from ui_fixtures import serve  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,21 +52,6 @@ def _open(browser, url):
     return page
 
 
-def _set_number(page, elem_id: str, value: str) -> None:
-    from playwright.sync_api import expect
-
-    box = page.locator(f"#{elem_id} input[type=number]")
-    for _ in range(3):  # a loaded machine may still re-render the field: fill until it sticks
-        box.fill(value)
-        box.press("Enter")
-        try:
-            expect(box).to_have_value(value, timeout=10_000)
-            return
-        except AssertionError:
-            continue
-    expect(box).to_have_value(value)
-
-
 @pytest.fixture(scope="module")
 def ran(browser, url):
     """A page after one finished run of :data:`RUN_METHODS` (24 new tokens, greedy)."""
@@ -80,7 +65,7 @@ def ran(browser, url):
     for m in RUN_METHODS:
         page.locator(f"#use-{m} input[type=checkbox]").check()
     page.get_by_text("Generation settings", exact=True).click()
-    _set_number(page, "gen-max_new_tokens", "24")
+    set_number(page, "gen-max_new_tokens", "24")
     page.get_by_text("Generation settings", exact=True).click()
     page.locator("#run").click()
     expect(page.locator("#status")).to_contain_text("Done", timeout=RUN_TIMEOUT_MS)

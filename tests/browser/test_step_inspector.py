@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_page import ROOT, RUN_TIMEOUT_MS, browser, url  # noqa: E402,F401  (the shared fixtures)
+from test_page import ROOT, RUN_TIMEOUT_MS, browser, prepare_run, url  # noqa: E402,F401  (the shared fixtures)
 
 SCREENSHOT = ROOT / "artifacts" / "screenshots" / "step_inspector.png"
 METHODS_RUN = ("autoregressive", "prompt_lookup")
@@ -33,24 +33,7 @@ def test_pick_a_step_and_see_its_tree(browser, url):  # noqa: F811
 
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
     try:
-        page.goto(url)
-        expect(page.locator("#prompt textarea")).to_be_visible(timeout=60_000)
-        page.locator("#prompt textarea").fill(PROMPT)
-        for box in page.locator("[id^=use-] input[type=checkbox]").all():
-            if box.is_enabled() and box.is_checked():
-                box.uncheck()
-        for m in METHODS_RUN:
-            page.locator(f"#use-{m} input[type=checkbox]").check()
-        page.get_by_text("Generation settings", exact=True).click()
-        max_new = page.locator("#gen-max_new_tokens input[type=number]")
-        for _ in range(3):  # a loaded machine may re-render the field: fill until it sticks
-            max_new.fill(MAX_NEW)
-            max_new.press("Enter")
-            try:
-                expect(max_new).to_have_value(MAX_NEW, timeout=10_000)
-                break
-            except AssertionError:
-                continue
+        prepare_run(page, url, PROMPT, METHODS_RUN, MAX_NEW)
         page.locator("#run").click()
         expect(page.locator("#status")).to_contain_text("Done", timeout=RUN_TIMEOUT_MS)
 
