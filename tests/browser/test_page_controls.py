@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_page import browser  # noqa: E402,F401 (the shared Chromium fixture)
+from test_page import browser, prepare_run  # noqa: E402,F401 (the shared Chromium fixture)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ui_fixtures import serve, ui_engine  # noqa: E402
@@ -29,33 +29,13 @@ def url(browser, request):  # noqa: F811
         yield u
 
 
-def _prepare(page, url: str, prompt: str, max_new_tokens: int) -> None:
-    """Open the page, type ``prompt``, tick only :data:`METHODS`, set max new tokens."""
-    from playwright.sync_api import expect
-
-    page.goto(url)
-    box = page.locator("#prompt textarea")
-    expect(box).to_be_visible(timeout=60_000)
-    box.fill(prompt)
-    for tick in page.locator("[id^=use-] input[type=checkbox]").all():
-        if tick.is_enabled():
-            tick.uncheck()
-    for m in METHODS:
-        page.locator(f"#use-{m} input[type=checkbox]").check()
-    page.get_by_text("Generation settings", exact=True).click()
-    max_new = page.locator("#gen-max_new_tokens input[type=number]")
-    max_new.fill(str(max_new_tokens))
-    max_new.press("Enter")
-    expect(max_new).to_have_value(str(max_new_tokens))
-
-
 @pytest.mark.real_model
 def test_twenty_run_stop_cycles_each_end_stopped(browser, url):  # noqa: F811
     from playwright.sync_api import expect
 
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
-        _prepare(page, url, LONG_PROMPT, 300)
+        prepare_run(page, url, LONG_PROMPT, METHODS, "300")
 
         run, stop, status = page.locator("#run"), page.locator("#stop"), page.locator("#status")
         expect(stop).to_be_disabled()  # nothing to stop yet
@@ -144,7 +124,7 @@ def test_a_long_prompt_shows_which_method_reads_it(browser, url):  # noqa: F811
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
         passage = " ".join(f"Station {i} lies on the river, {i * 3} km from the sea." for i in range(220))
-        _prepare(page, url, passage + "\nWhich station is 30 km from the sea?", 4)
+        prepare_run(page, url, passage + "\nWhich station is 30 km from the sea?", METHODS, "4")
         page.locator("#run").click()
         expect(page.locator("#status")).to_contain_text(
             re.compile(r"Reading the prompt \([\d,]+ tokens\) for [A-Z][a-z ]+: method [123] of 3…"), timeout=120_000)
