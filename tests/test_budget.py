@@ -241,3 +241,25 @@ def test_prompt_lookup_streak_follows_whole_copies():
     merged = Candidates(torch.tensor([4, 5, 7]), torch.tensor([-1, 0, -1]), ["pl", "pl", "x"])
     d.update(verdict(merged, [2]))  # another member's token taken instead
     assert d.streak == 0
+
+
+def test_estimator_calibrates_hopeful_priors_from_pooled_verdicts():
+    """Priors that claim 0.8 for nodes the target accepts a fifth of the time: with many keys, each
+    seen once or twice (so a key's own counts cannot correct it), the pooled scale brings a fresh
+    key's estimate near the real rate; an honest prior keeps a scale near 1; bad values raise."""
+    rng = random.Random(0)
+    est = AcceptanceEstimator(memory=1.0)
+    cand = Candidates(torch.tensor([1]), torch.tensor([-1]), ["s"])
+    for step in range(300):
+        est.estimate(cand, [("k", step)], [0.8])  # a new key every step
+        est.observe(StepResult(cand, [0] if rng.random() < 0.2 else [], bonus_token=9))
+    assert 0.15 < est.prior_scale() * 0.8 < 0.26
+    assert 0.15 < float(est.estimate(cand, [("fresh",)], [0.8])[0]) < 0.26
+    honest = AcceptanceEstimator(memory=1.0)
+    for step in range(300):
+        honest.estimate(cand, [("k", step)], [0.2])
+        honest.observe(StepResult(cand, [0] if rng.random() < 0.2 else [], bonus_token=9))
+    assert 0.8 < honest.prior_scale() < 1.25
+    assert AcceptanceEstimator().prior_scale() == 1.0
+    with pytest.raises(ValueError, match="calibration"):
+        AcceptanceEstimator(calibration=0.0)

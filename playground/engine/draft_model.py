@@ -267,9 +267,7 @@ class DraftModelDrafter(Drafter):
 
     def _calibrated(self, q: float, depth: int) -> float:
         """The estimator's current acceptance estimate for a drafted token of probability ``q``."""
-        key = (probability_bin(q), min(depth, 4))
-        s = self.estimator.strength
-        return (self.estimator.hits.get(key, 0.0) + s * q) / (self.estimator.tests.get(key, 0.0) + s)
+        return self.estimator.value((probability_bin(q), min(depth, 4)), q)
 
     min_path_prob = 0.25
     """With the budget on, drafting stops when the drafted path's estimated probability falls below
