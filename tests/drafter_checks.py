@@ -27,11 +27,12 @@ EOS = TOK.eos_token_id
 ALPHA = 1e-4
 
 
-def greedy_sweep(factory, seeds: int = 24, max_new: int = 32) -> dict:
+def greedy_sweep(factory, seeds: int = 24, max_new: int = 32, models: list | None = None) -> dict:
     """Greedy output equals the baseline for ``seeds`` prompts on 4 tiny models, budget off and on
     (a drafter object reused across a model's prompts, so learned state carries over); returns the
-    totals of proposed and accepted tokens."""
-    targets = [CausalLM(tiny_llama(seed)) for seed in range(4)]
+    totals of proposed and accepted tokens. With ``models`` (4 tiny models) the drafters are made by
+    ``factory(vocab_size, budget_cost, model)`` (drafters that read the model: EAGLE heads)."""
+    targets = [CausalLM(m) for m in models] if models else [CausalLM(tiny_llama(seed)) for seed in range(4)]
     drafters = {}
     g = torch.Generator().manual_seed(2024)
     failures, proposed, accepted, multi = [], 0, 0, 0
@@ -40,7 +41,10 @@ def greedy_sweep(factory, seeds: int = 24, max_new: int = 32) -> dict:
         prompt, baseline, margins = clear_greedy_baseline(target, g, 6 + seed % 14, 4 + seed % 5, max_new, (63,))
         for budget in (None, CPU_LIKE):
             key = (seed % 4, budget is None)
-            drafter = drafters.setdefault(key, factory(target.vocab_size, budget))
+            if key not in drafters:
+                drafters[key] = (factory(target.vocab_size, budget, models[seed % 4]) if models
+                                 else factory(target.vocab_size, budget))
+            drafter = drafters[key]
             events = run_events(target, drafter, prompt, max_new, eos_token_ids=(63,))
             verdict = check_lossless(baseline, margins, output_ids(events))
             if not verdict.matched:

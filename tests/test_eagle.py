@@ -315,3 +315,25 @@ def test_trainer_loss_falls_and_agreement_rises():
     loss, parts, agree = ttt_loss(head, *batch, 3, rows)
     assert float(loss) < 0.5 * first[0]
     assert agree[0][0] / agree[0][2] > max(0.5, first[1])
+
+
+def test_gate_counts_only_the_heads_own_first_token():
+    """In a mixture the verified tree also holds other drafters' nodes: an accepted first token the
+    head did not propose is a miss for its gate; one it did propose is a hit; a step it skipped
+    teaches the gate nothing."""
+    from playground.engine.drafter import StepResult
+    from playground.engine.tree import Candidates
+    model = tiny_llama(8, num_layers=3)
+    d = EagleDrafter(tiny_head(model, 0), depth=2, top_k=2, total_tokens=4)
+    merged = Candidates(torch.tensor([5, 7, 9]), torch.tensor([-1, -1, 0]), ["eagle", "suffix", "eagle"])
+    d.last_tree = {"tokens": [5, 9], "parents": [-1, 0], "depths": [1, 2]}
+    rate = d.gate.first_rate
+    d.update(StepResult(merged, [1], bonus_token=3))  # the suffix node 7 was the target's token
+    assert d.gate.first_rate < rate
+    rate = d.gate.first_rate
+    d.last_tree = {"tokens": [5, 9], "parents": [-1, 0], "depths": [1, 2]}
+    d.update(StepResult(merged, [0, 2], bonus_token=3))
+    assert d.gate.first_rate > rate
+    rate, d.last_tree = d.gate.first_rate, None
+    d.update(StepResult(merged, [1], bonus_token=3))
+    assert d.gate.first_rate == rate

@@ -87,11 +87,6 @@ def test_sources_are_kept_per_member():
     assert sum(d.info().values()) == sum(e.accepted for e in events)
 
 
-
-
-
-
-
 def test_learned_state_is_never_shared_between_methods_or_settings():
     """Each method and setting has its own suffix cache and recycling table in the engine (runs of one
     setting share them, so it learns across runs); running two side by side, neither learns from the
@@ -114,3 +109,71 @@ def test_learned_state_is_never_shared_between_methods_or_settings():
     assert build("prompt_lookup").estimator is lookup.estimator
     assert dict(a.members)["prompt_lookup"].estimator is not lookup.estimator
     assert dict(a.members)["suffix"].estimator is not suffix_alone.estimator
+
+
+def test_eagle_member_needs_a_head_and_keeps_one_colour():
+    """Naming eagle as a member without a head loaded is a clear error; with a head its nodes carry
+    the one mixture source ``eagle`` (not EAGLE's per-depth tags) and calibrated estimates."""
+    from helpers import FakeLoaded, tiny_llama
+    from playground.engine import Engine, MethodSpec
+    from playground.engine.mixture import SOURCE_EAGLE
+    from test_eagle import tiny_head
+
+    model = tiny_llama(4)
+    with pytest.raises(ValueError, match="mixture member eagle needs an EAGLE head"):
+        Engine(FakeLoaded(model)).make_drafter(MethodSpec("mixture", {"members": "eagle,suffix"}))
+    engine = Engine(FakeLoaded(model), eagle=tiny_head(model, 0, draft_vocab=32, layers=(0, 1, 2)))
+    d = engine.make_drafter(MethodSpec("mixture", {"members": "eagle,suffix,prompt_lookup", "budget": "off"}))
+    assert d.feature_layers == tuple(engine.eagle.feature_layers)
+    from playground.engine.decoding import GenerationSettings
+    events = list(engine.run_one([1, 2, 3, 4, 1, 2, 3], MethodSpec("mixture", {"members": "eagle,suffix,prompt_lookup"}),
+                                 GenerationSettings(max_new_tokens=12)))
+    sources = {s for e in events for s in e.sources}
+    assert not [s for s in sources if s.startswith("eagle_d")] and sources <= {"target", SOURCE_EAGLE, "suffix",
+                                                                             "prompt_lookup"}
+
+
+def test_greedy_with_eagle_member_equals_baseline_over_many_seeds():
+    """EAGLE as a member (its features captured for the merged tree, its gate and early stop on): on
+    tiny models with random heads, greedy output equals the baseline, budget off and on."""
+    from playground.engine.eagle import EagleDrafter
+    from playground.engine.mixture import SOURCE_EAGLE, CalibratedMember
+    from playground.engine.budget import AcceptanceEstimator
+    from test_eagle import tiny_head
+
+    from helpers import tiny_llama
+
+    def factory(vocab_size, budget_cost, model):
+        head = tiny_head(model, 0, draft_vocab=min(32, vocab_size), layers=(0, 1, 2))
+        eagle = CalibratedMember(EagleDrafter(head, depth=3, top_k=3), AcceptanceEstimator(), SOURCE_EAGLE)
+        d = MixtureDrafter([("eagle", eagle), ("suffix", SuffixDrafter()), ("prompt_lookup", PromptLookupDrafter())])
+        d.budget_cost = budget_cost
+        return d
+    checks.greedy_sweep(factory, seeds=12, models=[tiny_llama(seed, num_layers=3) for seed in range(4)])
+
+
+@pytest.mark.real_model
+def test_mixture_with_eagle_equals_baseline_on_real_prompts(real_target):
+    """With the shipped head on the real default model (fp32): the mixture of EAGLE, suffix decoding
+    and prompt lookup (budget auto) equals the baseline token for token on benchmark prompts, and
+    EAGLE's tokens are accepted."""
+    from playground.engine import Engine, MethodSpec, check_lossless
+    from playground.engine.decoding import GenerationSettings
+    from playground.engine.eagle import DEFAULT_EAGLE_DIR, load_eagle
+    from test_eagle import REAL_PROMPTS
+
+    if not (DEFAULT_EAGLE_DIR / "config.json").is_file():
+        pytest.fail(f"the shipped EAGLE head is missing from {DEFAULT_EAGLE_DIR}")
+    engine = Engine(real_target, eagle=load_eagle(DEFAULT_EAGLE_DIR, real_target))
+    specs = [MethodSpec("autoregressive"), MethodSpec("mixture", {"members": "eagle,suffix,prompt_lookup"})]
+    from_eagle = 0
+    for label, prompt, chat in REAL_PROMPTS[:5]:
+        out = {}
+        for event in engine.run(engine.encode_prompt(prompt, chat=chat), specs, GenerationSettings(max_new_tokens=40)):
+            o = out.setdefault(event.method, {"ids": [], "margins": []})
+            o["ids"] += event.tokens
+            o["margins"] += event.margins
+            from_eagle += event.sources.count("eagle") if event.method == "mixture" else 0
+        verdict = check_lossless(out["autoregressive"]["ids"], out["autoregressive"]["margins"], out["mixture"]["ids"])
+        assert verdict.matched, f"{label}: {verdict.message()}"
+    assert from_eagle > 0

@@ -5,8 +5,8 @@ For each method the first two and the first three new tokens over many seeds (on
 are compared with the target's exact joint distribution after the same temperature / top-k /
 top-p transform, by Pearson's chi-square (cells with expected count < 5 pooled). Each check uses
 alpha = 1e-4: a correct implementation fails one check with odds 1 in 10,000 for a fresh seed
-(the seeds are fixed, so a pass is reproducible); with 2 checks for 9 cases the odds that some
-check fails by chance are under 0.2 %. The negative control is a sampler that accepts every
+(the seeds are fixed, so a pass is reproducible); with 2 checks for 10 cases the odds that some
+check fails by chance are at most 0.2 %. The negative control is a sampler that accepts every
 drafted token (no min(1, p/q) test): the same checks flag it.
 
 Per-method tests with more seeds or settings live beside each method (test_engine_sampling,
@@ -43,6 +43,7 @@ METHODS = {
     "suffix": {},
     "recycling": {},
     "mixture": {},
+    "mixture[eagle]": {"members": "eagle,suffix,prompt_lookup"},  # the mixture with the EAGLE head as a member
 }
 
 
@@ -75,7 +76,7 @@ def _checks(engine, method: str, params: dict, exact):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_sampling_keeps_the_target_distribution(engine, exact, method):
-    two, three, accepted, proposed = _checks(engine, method, METHODS[method], exact)
+    two, three, accepted, proposed = _checks(engine, method.partition("[")[0], METHODS[method], exact)
     assert two.p_value > ALPHA, f"{method}: first two tokens: {two}"
     assert three.p_value > ALPHA, f"{method}: first three tokens: {three}"
     assert 0 < accepted < proposed, (method, accepted, proposed)

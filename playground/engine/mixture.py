@@ -9,7 +9,11 @@ learning (suffix trees, the adjacency table, the n-gram pool) whoever proposed t
 
 Members must be deterministic (the mixture's nodes carry one-hot proposals, so the one-hot
 speculative-sampling rule keeps the target's distribution): suffix decoding, prompt lookup,
-token recycling, Lookahead (its Jacobi window rides in the pass as extra queries) and Medusa.
+token recycling, Lookahead (its Jacobi window rides in the pass as extra queries), Medusa and
+EAGLE (its dynamic tree is a deterministic function of the prefix). Members that read the
+target's features must read the same layers, so Medusa and EAGLE do not mix.
+With EAGLE the mixture is no longer training-free: the head drafts where the answer is new
+text, suffix trees and prompt lookup where it copies.
 The idea of merging several drafters' trees under one verification is SpecInfer's (Miao et al.
 2024, "collective boost-tuned" small models merged into a token tree).
 """
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .budget import AcceptanceEstimator, with_budget_knob
+from .budget import AcceptanceEstimator, probability_bin, with_budget_knob
 from .step_cost import build_with_budget
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_LOOKAHEAD, SOURCE_PROMPT_LOOKUP, SOURCE_TARGET
@@ -26,9 +30,13 @@ from .limits import ChoiceKnob
 from .registry import MethodInfo, register
 from .tree import Candidates, ExtraQueries
 
-MIXTURE_MEMBERS = ("suffix", "prompt_lookup", "recycling", "lookahead", "medusa")
+MIXTURE_MEMBERS = ("suffix", "prompt_lookup", "recycling", "lookahead", "medusa", "eagle")
 """Drafters a mixture may hold (the deterministic ones)."""
 DEFAULT_MEMBERS = "suffix,recycling,prompt_lookup"
+EAGLE_MEMBERS = "eagle,suffix,prompt_lookup"
+"""The mixture with EAGLE: the trained head for new text, the two copying drafters for the rest."""
+SOURCE_EAGLE = "eagle"
+"""Source tag of an EAGLE member's tokens in a mixture (EAGLE alone tags them by depth)."""
 UNKNOWN_ACCEPT = 0.3
 """Acceptance estimate of a node whose member gives none."""
 
@@ -51,7 +59,8 @@ def parse_members(value) -> str:
 
 
 MEMBERS_KNOB = ChoiceKnob(
-    "members", "Members", (DEFAULT_MEMBERS, "suffix,recycling,prompt_lookup,lookahead", "suffix,recycling"),
+    "members", "Members", (DEFAULT_MEMBERS, "suffix,recycling,prompt_lookup,lookahead", "suffix,recycling",
+                           EAGLE_MEMBERS),
     DEFAULT_MEMBERS, info="Mixture: drafters whose candidates are merged into one tree, in priority order "
                           "(a node shared by several keeps the first one's source).",
     parse=parse_members, custom_label="a comma-separated list of " + ", ".join(MIXTURE_MEMBERS))
@@ -128,6 +137,45 @@ def _remap_extras(extras: ExtraQueries, mapping: list[int], merged_nodes: int) -
         attention[:, 1 + torch.tensor(mapping)] = extras.attention[:, 1:n + 1]
     attention[:, merged_nodes + 1:] = extras.attention[:, n + 1:]
     return ExtraQueries(extras.tokens, extras.positions, attention)
+
+
+class CalibratedMember(Drafter):
+    """A member whose ``accept_probs`` are its raw draft probabilities (EAGLE's), calibrated.
+
+    Each node's estimate becomes an :class:`AcceptanceEstimator` posterior keyed by (probability
+    bin, depth) with the raw probability as prior, so the merged tree's budget compares this
+    member's nodes with the other members' calibrated ones on one scale.
+
+    Args:
+        inner: the member drafter; estimator: where the verdicts are counted; source: the tag of
+            every node it proposes (:data:`SOURCE_EAGLE` for EAGLE, whatever the depth).
+    """
+
+    def __init__(self, inner: Drafter, estimator: AcceptanceEstimator, source: str):
+        self.inner, self.estimator = inner, estimator
+        self.name, self.source, self.feature_layers = inner.name, source, inner.feature_layers
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.inner.begin(prompt_ids)
+
+    def propose(self, state: DecodeState) -> Candidates:
+        c = self.inner.propose(state)
+        if c.accept_probs is not None and len(c):
+            raw = c.accept_probs.tolist()
+            keys = [(probability_bin(p), min(d, 4)) for p, d in zip(raw, c.depths())]
+            c.accept_probs = self.estimator.estimate(c, keys, raw)
+            c.sources = [self.source] * len(c)  # one colour for the member in the mixture's panel
+        return c
+
+    def update(self, result: StepResult) -> None:
+        self.estimator.observe(result)
+        self.inner.update(result)
+
+    def finish(self, tokens: list[int], prompt_len: int) -> None:
+        self.inner.finish(tokens, prompt_len)
+
+    def info(self) -> dict:
+        return self.inner.info()
 
 
 class MixtureDrafter(Drafter):
@@ -209,6 +257,14 @@ def _build(engine, params: dict) -> MixtureDrafter:
         for name in parse_members(p["members"]).split(","):
             if name == "medusa" and getattr(engine, "medusa", None) is None:
                 continue  # Medusa joins only when heads are loaded
+            if name == "eagle":
+                if getattr(engine, "eagle", None) is None:
+                    raise ValueError("mixture member eagle needs an EAGLE head: pass --eagle PATH_OR_HUB_ID (the "
+                                     "default target loads assets/eagle/default)")
+                estimator = engine.persistent(f"learned/{owner}/acceptance/eagle", AcceptanceEstimator)
+                members.append((name, CalibratedMember(engine.make_drafter(MethodSpec("eagle", {})), estimator,
+                                                        SOURCE_EAGLE)))
+                continue
             # Each member with its default knobs and no budget of its own (the merged tree is pruned);
             # learned state of its own (the mixture never reads what the suffix method learnt).
             if name == "suffix":
@@ -227,8 +283,9 @@ def _build(engine, params: dict) -> MixtureDrafter:
 METHOD = MIXTURE_METHOD = register(MethodInfo(
     name="mixture", label="Mixture",
     description="Candidates of several training-free drafters (suffix trees, token recycling, prompt lookup; "
-                "optionally Lookahead and Medusa) merged into one tree, pruned to this device's budget and "
+                "optionally Lookahead, Medusa or EAGLE) merged into one tree, pruned to this device's budget and "
                 "verified in one pass; each token keeps the colour of the drafter that proposed it.",
     lossless=True, knobs=with_budget_knob((MEMBERS_KNOB,)),
-    sources=(SOURCE_TARGET, "suffix", "recycling", SOURCE_PROMPT_LOOKUP, SOURCE_LOOKAHEAD, "medusa_head_1"),
-    source_labels={}, build=_build, learns_across_runs=True))
+    sources=(SOURCE_TARGET, "suffix", "recycling", SOURCE_PROMPT_LOOKUP, SOURCE_LOOKAHEAD, "medusa_head_1",
+             SOURCE_EAGLE),
+    source_labels={SOURCE_EAGLE: "EAGLE (in a mixture)"}, build=_build, learns_across_runs=True))

@@ -8,7 +8,7 @@ the tree-depth knob allows.
 
 from __future__ import annotations
 
-from playground.engine import METHODS, MAX_MEDUSA_HEADS, head_source
+from playground.engine import METHODS, MAX_MEDUSA_HEADS, SOURCE_EAGLE, head_source
 
 
 def legend_sources(engine) -> list[str]:
@@ -26,6 +26,8 @@ def legend_sources(engine) -> list[str]:
     loaded = getattr(medusa, "num_heads", 0) if medusa is not None else 0
     absent = {head_source(k) for k in range(loaded + 1, MAX_MEDUSA_HEADS + 1)}
     reason = getattr(engine, "unavailable_reason", None)
+    if reason is not None and reason("eagle") is not None:
+        absent.add(SOURCE_EAGLE)  # a mixture proposes EAGLE tokens only with a head loaded
     methods = [m for m in METHODS if reason is None or reason(m) is None]
     # dict.fromkeys: a mixture repeats its members' sources; each is listed once
     return list(dict.fromkeys(s for m in methods for s in METHODS[m].sources if s not in absent))

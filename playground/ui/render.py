@@ -22,6 +22,7 @@ SOURCE_COLORS: dict[str, str] = {
     "medusa_head_4": "#fca5a5", "medusa_head_5": "#d6d3d1",
     "suffix": "#f3cfa4",         # tan: from a suffix tree (this request's or the global cache)
     "recycling": "#c9d6a3",      # sage: from the token-recycling adjacency table
+    "eagle": "#6ee7c5",          # teal: EAGLE's head as a mixture member (alone, its depths have a ramp)
     # EAGLE: by draft depth, a ramp from pale lime (depth 1) through teal and blue to rose (depth 10)
     "eagle_d1": "#e9f5a0", "eagle_d2": "#bdf0dc", "eagle_d3": "#7ee0d0", "eagle_d4": "#a5f3fc",
     "eagle_d5": "#93c5fd", "eagle_d6": "#c7d2fe", "eagle_d7": "#e4c1f9", "eagle_d8": "#f9a8d4",
@@ -33,7 +34,8 @@ sources; a mixture's members) differ by a CIE76 colour difference of at least 14
 draft's green and EAGLE's depth 1, the suffix tan and the recycling sage are far apart."""
 
 _SOURCE_WORDS = {"target": "the target", "draft": "the draft model", "prompt_lookup": "prompt lookup",
-                 "lookahead": "Lookahead", "suffix": "suffix decoding", "recycling": "token recycling"}
+                 "lookahead": "Lookahead", "suffix": "suffix decoding", "recycling": "token recycling",
+                 "eagle": "the EAGLE head"}
 """Sources as a word in a sentence (``accepted from prompt lookup``)."""
 
 _FALLBACK_COLORS = ("#a5b4fc", "#fcd34d", "#86efac", "#f0abfc", "#fecaca", "#e9d5ff", "#99f6e4", "#fef08a")

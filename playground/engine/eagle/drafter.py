@@ -115,9 +115,9 @@ class EagleDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Candidates:
         depth = min(self.depth, state.budget)
+        self.last_tree = None
         if depth > 0 and state.features is not None and not self._gate_open():
             self.skipped_feats.append(state.features)  # caught up at the next step that drafts
-            self.last_tree = None
             return Candidates.empty(state.device)
         root_logits, root_h, root_pos = self._catch_up(state)
         if depth <= 0:
@@ -163,10 +163,15 @@ class EagleDrafter(Drafter):
                           accept_probs=pool.logp[kept].exp().float())
 
     def update(self, result: StepResult) -> None:
-        if self.last_tree is not None:
-            self.last_tree["accepted"] = list(result.path)
-        if len(result.candidates):  # the root's children are always tested
-            self.gate.observe(bool(result.path))
+        if self.last_tree is None:  # drafted nothing this step
+            return
+        self.last_tree["accepted"] = list(result.path)
+        # The gate learns whether this head's first token was the target's (the root's children are
+        # always tested). In a mixture the verified tree also holds other drafters' nodes: the
+        # accepted first token counts only if this head proposed it.
+        first = int(result.candidates.tokens[result.path[0]]) if result.path else result.bonus_token
+        mine = {t for t, d in zip(self.last_tree["tokens"], self.last_tree["depths"]) if d == 1}
+        self.gate.observe(first in mine)
 
     def info(self) -> dict[str, int | float]:
         if not self.last_sizes:
