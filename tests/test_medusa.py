@@ -424,3 +424,26 @@ def test_tree_choice_follows_cost():
     assert 2 <= len(cpu.choices) < 64 and cpu.score > 1.0
     parse_tree_choices(cpu.choices, num_heads=4)
     assert "nodes" in cpu.describe()
+
+
+def test_medusa_gate_skips_heads_and_stays_lossless():
+    """With the budget on and the heads made to look as dear as 1000 target steps, the gate opens only
+    to probe (every 4th step): greedy output still equals the baseline on 8 prompts, some steps are
+    plain, and the gate learns from head 1's own first tokens only."""
+    from helpers import FakeLoaded
+    from playground.engine import Engine, MethodSpec
+    from playground.engine.decoding import GenerationSettings, decode
+    model = tiny_llama(5)
+    engine = Engine(FakeLoaded(model), medusa=random_heads(model, 3, scale=0.05, seed=1))
+    g = torch.Generator().manual_seed(8)
+    plain = 0
+    for _ in range(8):
+        prompt, baseline, _ = clear_greedy_baseline(engine.target_lm, g, 10, 5, 24)
+        drafter = engine.make_drafter(MethodSpec("medusa", {"budget": "auto"}))
+        assert drafter.budget_cost is not None
+        drafter.heads_s = 1e3 * float(drafter.budget_cost.chain.seconds[1])
+        events = list(decode(engine.target_lm, drafter, prompt, GenerationSettings(max_new_tokens=24)))
+        assert [t for e in events for t in e.tokens] == baseline
+        assert drafter.gate.pay_at > 1  # the break-even was above any acceptance: only probes ran the heads
+        plain += sum(e.proposed == 0 for e in events[1:])
+    assert plain > 0

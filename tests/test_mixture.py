@@ -107,6 +107,9 @@ def test_learned_state_is_never_shared_between_methods_or_settings():
     # acceptance calibrations too: kept across runs of one setting, never shared with another method
     lookup = build("prompt_lookup")
     assert build("prompt_lookup").estimator is lookup.estimator
+    window = build("lookahead")
+    window.begin([1, 2, 3])  # a new run keeps the calibration
+    assert build("lookahead").estimator is window.estimator
     assert dict(a.members)["prompt_lookup"].estimator is not lookup.estimator
     assert dict(a.members)["suffix"].estimator is not suffix_alone.estimator
 

@@ -188,6 +188,7 @@ class LookaheadDrafter(Drafter):
         self.seed_pool_from_prompt = seed_pool_from_prompt
         self.harvest_output = harvest_output
         self.seed = seed
+        self.estimator = AcceptanceEstimator()  # kept across runs (the engine may share a persistent one)
         self.begin([0])
 
     @property
@@ -205,7 +206,6 @@ class LookaheadDrafter(Drafter):
         self.harvested = len(self.prompt) + 1  # first (exclusive) end of an output n-gram not yet pooled
         self.pool_hits = 0
         self.pool_tokens_accepted = 0
-        self.estimator = AcceptanceEstimator()
 
     def info(self) -> dict[str, int]:
         """The pool's size (n-grams) and hits (steps that accepted a pool token) so far."""

@@ -8,9 +8,11 @@ Decoding Heads" (ICML), and its reference implementation (FasterDecoding/Medusa)
 
 from __future__ import annotations
 
+import time
+
 import torch
 
-from ..budget import AcceptanceEstimator
+from ..budget import AcceptanceEstimator, DraftGate
 from ..drafter import DecodeState, Drafter, StepResult
 from ..limits import POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB
 from ..tree import Candidates
@@ -57,12 +59,26 @@ class MedusaDrafter(Drafter):
         self.priors = [ranks[d - 1][r] if ranks and d - 1 < len(ranks) else 0.3 / (r + 1) * 0.8 ** (d - 1)
                        for d, r in zip(self.buffers.depths.tolist(), self.buffers.ranks.tolist())]
         self.estimator = AcceptanceEstimator()
+        self.gate = DraftGate()
+        self.heads_s = 0.0  # running mean seconds of one call of the heads
+        self.first_tokens: set[int] | None = None  # head 1's tokens proposed this step (None: none)
+
+    def _gate_open(self) -> bool:
+        """With the budget on: whether running the heads can pay this step (:class:`DraftGate`; its
+        break-even the heads' share of a plain target step plus one more verified query)."""
+        cost = self.budget_cost
+        step_s = float((getattr(getattr(cost, "chain", cost), "seconds", None) or {}).get(1, 0.0))
+        if cost is None or not (step_s > 0 and self.heads_s > 0):
+            return True
+        self.gate.pay_at = self.heads_s / step_s + max(0.0, float(cost(2)) - 1.0)
+        return self.gate.draft_now()
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Candidates:
         # 1. Only the part of the tree that fits the budget (nodes are sorted by depth: a prefix).
+        self.first_tokens = None
         n = self.buffers.nodes_within(state.budget)
-        if n == 0:
+        if n == 0 or not self._gate_open():
             return Candidates.empty(state.device)
         if state.features is None or state.features.dim() != 2 or state.features.shape[1] != self.heads.hidden_size:
             raise ValueError(f"MedusaDrafter needs the target's last hidden states of shape "
@@ -71,16 +87,23 @@ class MedusaDrafter(Drafter):
         hidden = state.features[-1]  # at the root's parent: the position whose output predicted the root
         # 2. The top-k tokens of every head the tree reaches, from the hidden state at the root's parent.
         depth = int(self.buffers.depths[n - 1])
+        t0 = time.perf_counter()
         top = self.heads.top_tokens(hidden, depth, self.top_k, state.vocab_size).cpu()  # (depth, top_k)
+        spent = time.perf_counter() - t0
+        self.heads_s = spent if not self.heads_s else 0.9 * self.heads_s + 0.1 * spent
         # 3. Node i's token: head depths[i]'s ranks[i]-th token.
         depths, ranks = self.buffers.depths[:n], self.buffers.ranks[:n]
         tokens = top[depths - 1, ranks]
         cand = Candidates(tokens.to(state.device), self.buffers.parents[:n].to(state.device), self.sources[:n])
         cand.accept_probs = self.estimator.estimate(cand, list(range(n)), self.priors[:n])
+        self.first_tokens = {int(t) for t, d in zip(tokens.tolist(), depths.tolist()) if d == 1}
         return cand
 
     def update(self, result: StepResult) -> None:
         self.estimator.observe(result)
+        if self.first_tokens is not None:  # the gate learns whether head 1 had the target's next token
+            first = int(result.candidates.tokens[result.path[0]]) if result.path else result.bonus_token
+            self.gate.observe(first in self.first_tokens)
 
 
 # ----- statistics --------------------------------------------------------------------------------

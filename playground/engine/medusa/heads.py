@@ -112,7 +112,7 @@ class MedusaHeads(nn.Module):
             self.heads.append(nn.Sequential(*layers))
         self._lm_head: list[nn.Module] = []  # a plain list: the base projection is not ours to save
         self.proposal_vocab: torch.Tensor | None = None
-        self._proposal_rows: tuple | None = None  # (ids, lm_head rows, bias) on the lm_head's device, cached
+        self._proposal_rows: tuple | None = None  # (ids, nn.Linear of those lm_head rows) on its device, cached
         if proposal_vocab is not None:
             self.set_proposal_vocab(proposal_vocab)
 
@@ -156,9 +156,20 @@ class MedusaHeads(nn.Module):
         if self._proposal_rows is None or self._proposal_rows[0].device != weight.device:
             ids = self.proposal_vocab.to(weight.device)
             bias = getattr(lm_head, "bias", None)
-            self._proposal_rows = (ids, weight.detach()[ids].contiguous(), None if bias is None else bias.detach()[ids])
-        ids, rows, bias = self._proposal_rows
-        return ids, nn.functional.linear(x.to(rows.dtype), rows, bias), int(weight.shape[0])
+            rows = nn.Linear(weight.shape[1], ids.numel(), bias=bias is not None, device=weight.device,
+                             dtype=weight.dtype).requires_grad_(False)
+            rows.weight.copy_(weight.detach()[ids])
+            if bias is not None:
+                rows.bias.copy_(bias.detach()[ids])
+            # On a CPU in float32 the rows (a few MB to read per step) go through oneDNN's packed
+            # weight: for the heads' 1-4 rows MKL's sgemm costs up to 2.5x one row (cpu_linear).
+            holder = nn.Module()
+            holder.rows = rows
+            from ..cpu_linear import pack_linear_layers
+            pack_linear_layers(holder)
+            self._proposal_rows = (ids, holder.rows)
+        ids, rows = self._proposal_rows
+        return ids, rows(x.to(rows.weight.dtype)), int(weight.shape[0])
 
     def _proposal_projection(self, x: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Full-width logits with only the proposal vocabulary's rows computed (the rest -inf)."""
