@@ -263,3 +263,25 @@ def test_estimator_calibrates_hopeful_priors_from_pooled_verdicts():
     assert AcceptanceEstimator().prior_scale() == 1.0
     with pytest.raises(ValueError, match="calibration"):
         AcceptanceEstimator(calibration=0.0)
+
+
+def test_step_cost_follows_the_context_length():
+    """With curves timed after 50 and 800 tokens, the cost is the short curve at 50 (and with no
+    context given), the long one at 800, linear in between, extrapolated at most 3 spans on; a steeper
+    long curve makes the budget keep fewer nodes of the same proposal; the measurement fills both."""
+    from playground.engine.budget import MAX_CONTEXT_EXTRAPOLATION
+    short = VerifyCost({1: 1.0, 2: 1.05, 5: 1.1, 9: 1.2})
+    long = VerifyCost({1: 1.0, 2: 1.2, 5: 1.45, 9: 1.9})
+    cost = StepCost(short, short, 50, long, long, 800)
+    assert cost(5) == cost(5, context=50) == pytest.approx(1.1)
+    assert cost(5, context=800) == pytest.approx(1.45)
+    assert cost(5, context=425) == pytest.approx(1.275)
+    far = 50 + (1 + MAX_CONTEXT_EXTRAPOLATION) * 750
+    assert cost(5, context=10 ** 6) == pytest.approx(cost(5, context=far))
+    assert cost(5, context=far) > 1.45
+    parents, probs = [-1, 0, 1, 2, 3, 4, 5, 6], [0.5] * 8
+    assert len(best_subtree(parents, probs, cost, context=800)[0]) < len(best_subtree(parents, probs, cost, context=50)[0])
+    measured = measure_step_cost(CausalLM(tiny_llama(1)), list(range(1, 9)), sizes=(2, 3), rounds=2,
+                                 long_prompt_ids=list(range(1, 41)))
+    assert (measured.short_context, measured.long_context) == (8, 40) and measured.long_tree is not None
+    assert set(measured.as_dict()) >= {"chain", "tree", "long_chain", "long_tree", "long_context"}

@@ -55,27 +55,55 @@ STEP_COST_SIZES = (2, 3, 5, 9, 17, 33)
 class StepCost:
     """This device's cost of one decoding step over q queries, relative to a plain step (q = 1).
 
+    Each extra query attends to the whole context, so on a CPU its relative cost grows with the
+    context (measured here: two queries 1.08x a plain step after 50 tokens, 1.19x after 800). With
+    a second pair of curves timed after ``long_context`` tokens, the cost at a context of L tokens
+    is interpolated linearly in L between the two (attention's work is linear in L), and
+    extrapolated beyond ``long_context`` up to :data:`MAX_CONTEXT_EXTRAPOLATION` times its span.
+
     Attributes:
         chain: cost when the candidates form one chain (ordinary causal attention);
-        tree: cost when they form a tree (a custom attention mask, usually a little dearer).
+        tree: cost when they form a tree (a custom attention mask, usually a little dearer);
+        short_context: the context length (tokens) the two curves were timed at;
+        long_chain, long_tree: the same timed after ``long_context`` tokens (None: one context only).
     """
 
     chain: VerifyCost
     tree: VerifyCost
+    short_context: int = 0
+    long_chain: VerifyCost | None = None
+    long_tree: VerifyCost | None = None
+    long_context: int = 0
 
-    def __call__(self, queries: int, is_chain: bool = False) -> float:
-        return (self.chain if is_chain else self.tree)(queries)
+    def __call__(self, queries: int, is_chain: bool = False, context: int | None = None) -> float:
+        """Relative cost of a step over ``queries`` queries after ``context`` tokens (None: the short
+        context's curve)."""
+        short = (self.chain if is_chain else self.tree)(queries)
+        long = self.long_chain if is_chain else self.long_tree
+        if context is None or long is None or self.long_context <= self.short_context:
+            return short
+        w = (context - self.short_context) / (self.long_context - self.short_context)
+        w = min(max(w, 0.0), MAX_CONTEXT_EXTRAPOLATION)
+        return max(1e-3, short + w * (long(queries) - short))
 
     def as_dict(self) -> dict:
-        return {"chain": self.chain.as_dict(), "tree": self.tree.as_dict()}
+        out = {"chain": self.chain.as_dict(), "tree": self.tree.as_dict(), "short_context": self.short_context}
+        if self.long_chain is not None and self.long_tree is not None:
+            out.update(long_chain=self.long_chain.as_dict(), long_tree=self.long_tree.as_dict(),
+                       long_context=self.long_context)
+        return out
+
+
+MAX_CONTEXT_EXTRAPOLATION = 3.0
+"""How far past the long curve (in spans long_context - short_context) :class:`StepCost` extrapolates."""
 
 
 CostLike = StepCost | VerifyCost | Callable[[int], float]
 
 
-def _cost(cost: CostLike, queries: int, is_chain: bool) -> float:
+def _cost(cost: CostLike, queries: int, is_chain: bool, context: int | None = None) -> float:
     if isinstance(cost, StepCost):
-        return cost(queries, is_chain)
+        return cost(queries, is_chain, context)
     return float(cost(queries))
 
 
@@ -89,7 +117,7 @@ def path_probs(parents: list[int], accept_probs: list[float]) -> list[float]:
 
 
 def best_subtree(parents: list[int], accept_probs: list[float], cost: CostLike,
-                 extra_queries: int = 0) -> tuple[list[int], float]:
+                 extra_queries: int = 0, context: int | None = None) -> tuple[list[int], float]:
     """The parent-closed subset of nodes with the most expected tokens per unit of step time.
 
     Steps: 1. P_i along every path; 2. order the nodes by P descending (ties: lower index first,
@@ -102,6 +130,8 @@ def best_subtree(parents: list[int], accept_probs: list[float], cost: CostLike,
         accept_probs: ``num_nodes`` estimates in [0, 1].
         cost: step cost relative to a plain step, by query count.
         extra_queries: the drafter's extra queries riding in the pass (their cost is counted).
+        context: tokens already in the context (a :class:`StepCost` with a long-context curve
+            prices the queries at this length); None: the short context's curve.
 
     Returns:
         ``(kept node indices in increasing order, the best ratio E / time)``.
@@ -109,7 +139,7 @@ def best_subtree(parents: list[int], accept_probs: list[float], cost: CostLike,
     n = len(parents)
     P = path_probs(parents, [min(1.0, max(0.0, float(a))) for a in accept_probs])
     order = sorted(range(n), key=lambda i: (-P[i], i))
-    best_k, best = 0, 1.0 / _cost(cost, 1 + extra_queries, True)
+    best_k, best = 0, 1.0 / _cost(cost, 1 + extra_queries, True, context)
     gain, chain, last, kept_set = 1.0, True, -1, set()
     for k, i in enumerate(order, start=1):
         if parents[i] >= 0 and parents[i] not in kept_set:  # only with P_i == 0 ties; never a better ratio
@@ -118,7 +148,7 @@ def best_subtree(parents: list[int], accept_probs: list[float], cost: CostLike,
         chain = chain and parents[i] == last
         last = i
         gain += P[i]
-        ratio = gain / _cost(cost, 1 + k + extra_queries, chain)
+        ratio = gain / _cost(cost, 1 + k + extra_queries, chain, context)
         if ratio > best + 1e-12:
             best_k, best = k, ratio
     return sorted(order[:best_k]), best
@@ -170,12 +200,13 @@ def subset(candidates: Candidates, keep: list[int]) -> Candidates:
                       extras, None if candidates.accept_probs is None else candidates.accept_probs[idx])
 
 
-def apply_budget(candidates: Candidates, cost: CostLike | None) -> Candidates:
+def apply_budget(candidates: Candidates, cost: CostLike | None, context: int | None = None) -> Candidates:
     """The part of ``candidates`` worth verifying on this device (the loop calls it after propose).
 
     Args:
         candidates: the drafter's proposal; without ``accept_probs`` it is returned unchanged.
         cost: this device's step cost (:class:`StepCost`, or any n -> relative cost); None: unchanged.
+        context: tokens in the context before this step's queries (see :func:`best_subtree`).
 
     Returns:
         The kept subtree (:func:`best_subtree`), its extras kept; empty candidates when no
@@ -184,7 +215,7 @@ def apply_budget(candidates: Candidates, cost: CostLike | None) -> Candidates:
     if cost is None or candidates.accept_probs is None or len(candidates) == 0:
         return candidates
     m = len(candidates.extras) if candidates.extras is not None else 0
-    keep, _ = best_subtree(candidates.parents.tolist(), candidates.accept_probs.tolist(), cost, m)
+    keep, _ = best_subtree(candidates.parents.tolist(), candidates.accept_probs.tolist(), cost, m, context)
     return subset(candidates, keep)
 
 

@@ -215,7 +215,7 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
                             target.vocab_size, features=feats)
         cand = drafter.propose(state)
         if drafter.budget_cost is not None:  # the per-step budget: keep what pays on this device
-            cand = apply_budget(cand, drafter.budget_cost)
+            cand = apply_budget(cand, drafter.budget_cost, len(out.tokens))
         depth = max(cand.depths()) if len(cand) else 0
         if depth > state.budget:
             raise RuntimeError(f"{type(drafter).__name__} proposed a tree deeper than the budget {state.budget}")

@@ -44,7 +44,7 @@ never free on a CPU, and a loaded machine's timing noise must not make big trees
 
 
 def measure_step_cost(target, prompt_ids: list[int], sizes: Sequence[int] = STEP_COST_SIZES,
-                      rounds: int = 10, seed: int = 0) -> StepCost:
+                      rounds: int = 10, seed: int = 0, long_prompt_ids: list[int] | None = None) -> StepCost:
     """Time real decoding steps that verify q - 1 candidate nodes, against plain decoding steps.
 
     Steps (as ``medusa_trees.measure_step_cost`` does for Medusa trees, made robust to a shared,
@@ -64,23 +64,37 @@ def measure_step_cost(target, prompt_ids: list[int], sizes: Sequence[int] = STEP
         sizes: query counts q >= 2 to time (root included).
         rounds: timed steps per size.
         seed: seeds the order shuffles.
+        long_prompt_ids: optional longer prompt: the same steps are timed after it too, for the
+            long-context curves (:class:`StepCost` interpolates by context length).
 
     Returns:
         :class:`StepCost` (chain and tree curves at q = 1, 2, 3, 5, 9, 17, 33, 65; ``seconds`` hold the
-        measured lower quartiles in seconds).
+        measured lower quartiles in seconds; ``short_context`` = ``len(prompt_ids)``).
 
     Raises:
         ValueError: an empty prompt or ``rounds`` below 1.
     """
+    if not prompt_ids or (long_prompt_ids is not None and not long_prompt_ids):
+        raise ValueError("measure_step_cost needs a non-empty prompt")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    chain, tree = _step_curves(target, list(prompt_ids), sizes, rounds, seed)
+    if long_prompt_ids is None or len(long_prompt_ids) <= len(prompt_ids):
+        return StepCost(chain, tree, len(prompt_ids))
+    # Every timed run prefills its prompt once: after a long one, three sizes fix the fitted line.
+    few = sorted({s for s in sizes if s >= 2})
+    few = sorted({few[0], few[len(few) // 2], few[-1]})
+    long_chain, long_tree = _step_curves(target, list(long_prompt_ids), few, rounds, seed)
+    return StepCost(chain, tree, len(prompt_ids), long_chain, long_tree, len(long_prompt_ids))
+
+
+def _step_curves(target, prompt_ids: list[int], sizes: Sequence[int], rounds: int, seed: int):
+    """Steps 1-5 of :func:`measure_step_cost` after one prompt: ``(chain, tree)`` curves."""
     import random
 
     from .autoregressive import AutoregressiveDrafter
     from .decoding import GenerationSettings, decode
 
-    if not prompt_ids:
-        raise ValueError("measure_step_cost needs a non-empty prompt")
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
     token = int(prompt_ids[-1])
     sizes = sorted({int(s) for s in sizes if s >= 2})
     # Room for every step's new token and, at the last step, the largest proposal (the loop caps a
@@ -123,12 +137,16 @@ def measure_step_cost(target, prompt_ids: list[int], sizes: Sequence[int] = STEP
         curves[shape] = VerifyCost(table, seconds, source=f"decoding steps verifying a {shape} of q - 1 nodes "
                                                           "(lower quartiles, a least-squares line), relative to "
                                                           "plain steps")
-    return StepCost(curves["chain"], curves["tree"])
+    return curves["chain"], curves["tree"]
 
 
 # ----- wiring a drafter to the budget ------------------------------------------------------------
 CALIBRATION_PROMPT = "Explain, step by step, how a bicycle works and why riding one is good exercise."
 """Chat prompt whose decoding steps :func:`engine_step_cost` times."""
+
+
+LONG_CALIBRATION_TOKENS = 512
+"""Context length (tokens) of the long-context step-cost curves."""
 
 
 def engine_step_cost(engine) -> StepCost:
@@ -147,7 +165,11 @@ def engine_step_cost(engine) -> StepCost:
         rounds = 10
         ids = ids[:max(1, min(len(ids), ctx // 2))]
         sizes = [q for q in STEP_COST_SIZES if len(ids) + rounds + 4 + 2 * q <= ctx] or [2]
-        return measure_step_cost(target, ids, sizes, rounds)
+        # The long-context curves: the same prompt repeated to LONG_CALIBRATION_TOKENS (a passage
+        # to summarise or answer from is this long), where the context allows.
+        long_len = min(LONG_CALIBRATION_TOKENS, ctx - rounds - 4 - 2 * max(sizes))
+        long_ids = (ids * (long_len // len(ids) + 1))[:long_len] if long_len > 2 * len(ids) else None
+        return measure_step_cost(target, ids, sizes, rounds, long_prompt_ids=long_ids)
     return engine.persistent("step_cost", measure)
 
 
