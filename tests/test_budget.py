@@ -166,7 +166,8 @@ def test_estimator_counts_fade():
 
 def test_draft_gate_skips_below_break_even_and_probes():
     """DraftGate: drafts while the first token's moving acceptance is at least ``pay_at``; below it,
-    drafts only every ``probe_every``-th step; verdicts move the rate; ``pay_at`` 0 never skips."""
+    drafts only to probe, every ``probe_every``-th step, less often after failed probes; verdicts move
+    the rate; ``pay_at`` 0 never skips."""
     from playground.engine.budget import DraftGate
     gate = DraftGate(pay_at=0.5, prior=0.6, rate=0.5, probe_every=4)
     assert gate.draft_now()
@@ -179,6 +180,16 @@ def test_draft_gate_skips_below_break_even_and_probes():
     for _ in range(20):
         never.observe(False)
     assert all(never.draft_now() for _ in range(5))
+    # Failed probes double the period (4, 8, 16, then 16); an accepted probe resets it to 4.
+    gate = DraftGate(pay_at=0.9, prior=0.0, rate=0.01, probe_every=4, max_probe_every=16)
+    gaps = []
+    for verdict in [False, False, False, False, True, False]:
+        steps = 1
+        while not gate.draft_now():
+            steps += 1
+        gaps.append(steps)
+        gate.observe(verdict)
+    assert gaps == [4, 8, 16, 16, 16, 4]
 
 
 def test_draft_model_skipping_steps_stays_lossless():

@@ -325,26 +325,37 @@ class DraftGate:
     a target step that drafting one token and verifying it costs: its expected gain is that
     acceptance, in tokens, so below ``pay_at`` a drafted token loses time on average. The rate is an
     exponential moving average (weight ``rate`` per observation, starting at ``prior``) of the first
-    token's verdicts; while skipping, every ``probe_every``-th step drafts anyway, so a rise in
-    acceptance (a new part of the answer) is seen again.
+    token's verdicts; while skipping, every ``period``-th step drafts anyway (a probe), so a rise in
+    acceptance (a new part of the answer) is seen again. The period starts at ``probe_every`` and
+    doubles after each failed probe, up to ``max_probe_every`` (a probe costs a drafting pass, and
+    where the drafter keeps failing, such as a passage it cannot copy, probing every 4th step costs
+    several per cent); an accepted probe resets it.
 
     Skipping changes which tokens are verified, never which are accepted: output is unchanged.
 
     Args:
         pay_at: the break-even acceptance, in [0, 1) (0: never skip).
         prior: the starting rate; rate: the moving average's weight; probe_every: a skipped run's
-            probing period, in steps.
+            first probing period, in steps; max_probe_every: the longest period.
     """
 
-    def __init__(self, pay_at: float = 0.0, prior: float = 0.6, rate: float = 0.15, probe_every: int = 4):
+    def __init__(self, pay_at: float = 0.0, prior: float = 0.6, rate: float = 0.15, probe_every: int = 4,
+                 max_probe_every: int = 16):
         self.pay_at, self.first_rate = float(pay_at), float(prior)
         self.rate, self.probe_every = float(rate), int(probe_every)
+        self.max_probe_every = max(int(max_probe_every), self.probe_every)
+        self.period = self.probe_every
         self.skipped = 0
+        self.probing = False  # the last step drafted only to probe
 
     def draft_now(self) -> bool:
         """True to draft this step (counts a skip otherwise)."""
-        if self.first_rate >= self.pay_at or self.skipped + 1 >= self.probe_every:
-            self.skipped = 0
+        self.probing = False
+        if self.first_rate >= self.pay_at:
+            self.skipped, self.period = 0, self.probe_every
+            return True
+        if self.skipped + 1 >= self.period:
+            self.skipped, self.probing = 0, True
             return True
         self.skipped += 1
         return False
@@ -352,6 +363,9 @@ class DraftGate:
     def observe(self, accepted: bool) -> None:
         """One verdict on a drafted first token (accepted or not)."""
         self.first_rate += self.rate * (float(accepted) - self.first_rate)
+        if self.probing:
+            self.period = self.probe_every if accepted else min(self.max_probe_every, 2 * self.period)
+            self.probing = False
 
 
 def probability_bin(p: float, bins: int = 10) -> int:
