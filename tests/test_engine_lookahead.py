@@ -311,3 +311,31 @@ def test_sampled_lookahead_matches_exact_target_distribution():
     assert two.p_value > ALPHA, f"first two tokens: {two}"
     assert three.p_value > ALPHA, f"first three tokens: {three}"
     assert 0 < accepted < proposed
+
+
+def test_window_rides_only_while_the_pool_pays_and_output_stays_lossless():
+    """With the budget on and a window made dear (a steep step cost), a pool that hits nothing drops
+    the Jacobi window except to probe; the levels keep following the root; greedy output equals the
+    baseline on 8 prompts. With the budget off the window rides every step."""
+    from playground.engine.budget import StepCost
+    from playground.engine.decoding import GenerationSettings, decode
+    from playground.engine.theory import VerifyCost
+    steep = VerifyCost({1: 1.0, 2: 1.5, 5: 3.0, 9: 5.0})
+    model = tiny_llama(2)
+    target = CausalLM(model)
+    g = torch.Generator().manual_seed(4)
+    for budget in (StepCost(steep, steep), None):
+        rides = []
+        for _ in range(8):
+            prompt, baseline, _ = clear_greedy_baseline(target, g, 10, 5, 24)
+            d = LookaheadDrafter(window=3, ngram_size=3)
+            d.budget_cost = budget
+            propose = d.propose
+            d.propose = lambda state, p=propose: (lambda c: rides.append(c.extras is not None) or c)(p(state))
+            out = [t for e in decode(target, d, prompt, GenerationSettings(max_new_tokens=24)) for t in e.tokens]
+            assert out == baseline
+            assert all(len(level) == d.window for level in d.levels)
+        if budget is None:
+            assert all(rides)
+        else:
+            assert 0 < sum(rides) < len(rides) / 2, (sum(rides), len(rides))

@@ -360,8 +360,9 @@ class DraftGate:
         self.skipped += 1
         return False
 
-    def observe(self, accepted: bool) -> None:
-        """One verdict on a drafted first token (accepted or not)."""
+    def observe(self, accepted: bool | float) -> None:
+        """One verdict on a drafted first token (accepted or not); or a number, for a gate whose rate
+        is tokens gained per step (Lookahead's window: the pool's accepted tokens)."""
         self.first_rate += self.rate * (float(accepted) - self.first_rate)
         if self.probing:
             self.period = self.probe_every if accepted else min(self.max_probe_every, 2 * self.period)

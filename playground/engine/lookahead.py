@@ -32,7 +32,7 @@ import random
 
 import torch
 
-from .budget import AcceptanceEstimator, with_budget_knob
+from .budget import AcceptanceEstimator, DraftGate, StepCost, with_budget_knob
 
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_LOOKAHEAD, SOURCE_TARGET
@@ -206,6 +206,8 @@ class LookaheadDrafter(Drafter):
         self.harvested = len(self.prompt) + 1  # first (exclusive) end of an output n-gram not yet pooled
         self.pool_hits = 0
         self.pool_tokens_accepted = 0
+        # The window's gate (budget on): its "acceptance" is the pool's accepted tokens per step.
+        self.gate = DraftGate(prior=1.0)
 
     def info(self) -> dict[str, int]:
         """The pool's size (n-grams) and hits (steps that accepted a pool token) so far."""
@@ -214,14 +216,33 @@ class LookaheadDrafter(Drafter):
     def _fresh(self, count: int) -> list[int]:
         return [self.rng.choice(self.prompt) for _ in range(count)]
 
+    def _window_now(self, context: int) -> bool:
+        """With the budget on: whether the Jacobi window rides in this step's pass (:class:`DraftGate`).
+
+        The window's queries cost ``cost(1 + m) - 1`` of a plain step (m = its queries, at this
+        context length) and pay only through the pool's later hits, so it is kept while the pool's
+        accepted tokens per step (a moving average) are at least that, and otherwise runs only to
+        probe. Without the budget it always rides."""
+        cost = self.budget_cost
+        if cost is None:
+            return True
+        m = len(self.levels) * self.window
+        self.gate.pay_at = max(0.0, float(cost(1 + m, False, context)) - 1.0) if isinstance(cost, StepCost) \
+            else max(0.0, float(cost(1 + m)) - 1.0)
+        return self.gate.draft_now()
+
     def propose(self, state: DecodeState) -> Candidates:
         """Pool continuations of the root (at most ``state.budget`` deep) plus the window as extras."""
         # 1. Verification branch: the pool's n-grams keyed by the root, as a prefix tree.
         cand = candidate_tree(self.pool.lookup(state.tokens[-1]), state.budget, self.source)
-        # 2. Lookahead branch: every level of the window, flattened level by level.
-        attention, positions = lookahead_attention(self.window, len(self.levels), len(cand))
-        tokens = torch.tensor([t for level in self.levels for t in level], dtype=torch.long)
-        out = Candidates(cand.tokens, cand.parents, cand.sources, extras=ExtraQueries(tokens, positions, attention))
+        # 2. Lookahead branch: every level of the window, flattened level by level (unless the
+        # budget finds the pool not paying for it at the moment).
+        extras = None
+        if self._window_now(len(state.tokens)):
+            attention, positions = lookahead_attention(self.window, len(self.levels), len(cand))
+            tokens = torch.tensor([t for level in self.levels for t in level], dtype=torch.long)
+            extras = ExtraQueries(tokens, positions, attention)
+        out = Candidates(cand.tokens, cand.parents, cand.sources, extras=extras)
         # Acceptance estimate: the pool's running hit rate by depth and by how many n-grams compete.
         depths, siblings = out.depths(), out.children()
         keys = [(min(d, 4), min(len(siblings[p + 1]), 3)) for d, p in zip(depths, out.parents.tolist())]
@@ -231,6 +252,7 @@ class LookaheadDrafter(Drafter):
     def update(self, result: StepResult) -> None:
         """Next Jacobi level, n-gram harvest, window shift by the tokens emitted this step."""
         self.estimator.observe(result)
+        self.gate.observe(len(result.path))  # the pool's accepted tokens this step
         if result.path:
             self.pool_hits += 1
             self.pool_tokens_accepted += len(result.path)
@@ -239,7 +261,9 @@ class LookaheadDrafter(Drafter):
             for end in range(max(self.harvested, self.ngram_size), len(result.tokens) + 1):
                 self.pool.add(result.tokens[end - self.ngram_size:end])
             self.harvested = len(result.tokens) + 1
-        if result.extra_logits is None:
+        if result.extra_logits is None:  # the window did not ride: its levels only follow the root
+            shift = len(result.path) + 1
+            self.levels = [(level + self._fresh(shift))[shift:] for level in self.levels]
             return
         expected = (len(self.levels) * self.window, )
         if result.extra_logits.shape[:1] != expected:
