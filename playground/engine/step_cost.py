@@ -38,6 +38,9 @@ class _FixedDrafter(Drafter):
         return Candidates(torch.full((n,), self.token, dtype=torch.long), parents[:n].clone(), [self.source] * n)
 
 
+PLAIN_RUNS = 3
+"""Plain decodes timed beside the speculative ones in :func:`measure_step_cost` (their steps pooled)."""
+
 MIN_COST_SLOPE = 0.02
 """Floor on the cost of each query beyond two, relative to a plain step: a pass over more tokens is
 never free on a CPU, and a loaded machine's timing noise must not make big trees look so."""
@@ -100,7 +103,9 @@ def _step_curves(target, prompt_ids: list[int], sizes: Sequence[int], rounds: in
     # Room for every step's new token and, at the last step, the largest proposal (the loop caps a
     # proposal at the tokens left: a short run would time smaller passes than asked).
     settings = GenerationSettings(max_new_tokens=rounds + 4 + max(sizes, default=1))
-    runs = {("plain", 1): decode(target, AutoregressiveDrafter(), prompt_ids, settings)}
+    # Every cost is relative to the plain step, so it gets PLAIN_RUNS decodes (a noisy base would
+    # shift the whole curve: one run's lower quartile of 10 steps moved it by up to 8 % here).
+    runs = {(f"plain{i}", 1): decode(target, AutoregressiveDrafter(), prompt_ids, settings) for i in range(PLAIN_RUNS)}
     for q in sizes:
         for shape in ("chain", "tree"):
             runs[(shape, q)] = decode(target, _FixedDrafter(q - 1, shape == "chain", token), prompt_ids, settings)
@@ -118,7 +123,7 @@ def _step_curves(target, prompt_ids: list[int], sizes: Sequence[int], rounds: in
         ts = sorted(ts)
         return ts[(len(ts) - 1) // 4]
 
-    base = low(times[("plain", 1)])
+    base = low([t for i in range(PLAIN_RUNS) for t in times[(f"plain{i}", 1)]])
     curves = {}
     for shape in ("chain", "tree"):
         points = [(q, low(t)) for (s, q), t in times.items() if s == shape and t]

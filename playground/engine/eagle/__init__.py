@@ -25,7 +25,8 @@ def _build(engine, params: dict) -> EagleDrafter:
                          "assets/eagle/default)")
     cost = None
     if params.get("total_tokens", "auto") == "auto":
-        cost = engine.verify_cost().monotone()  # the engine's one curve, measured once under its lock
+        from ..step_cost import engine_step_cost
+        cost = engine_step_cost(engine)  # the budget's step cost, measured once, priced per context length
     return EagleDrafter(engine.eagle, verify_cost=cost, max_total=MAX_EAGLE_TOTAL_TOKENS, **params)
 
 

@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from ..budget import DraftGate
+from ..budget import DraftGate, StepCost
 from ..drafter import DecodeState, Drafter, StepResult
 from ..tree import Candidates
 from .head import EagleHead
@@ -47,7 +47,8 @@ class EagleDrafter(Drafter):
         head: an :class:`EagleHead` on the target's device, embedding attached.
         depth: draft levels per step; top_k: children per expanded node.
         total_tokens: nodes verified per step, or ``"auto"``.
-        verify_cost: ``cost(q)``, relative time of a target forward over q tokens (for ``auto``;
+        verify_cost: ``cost(q)``, relative time of a target forward over q tokens, or the engine's
+            :class:`~playground.engine.budget.StepCost` (priced at each step's context length) (for ``auto``;
             None: constant, i.e. keep ``max_total`` nodes).
         max_total: most nodes ``auto`` may keep.
     """
@@ -64,9 +65,10 @@ class EagleDrafter(Drafter):
         self.feature_layers = tuple(head.feature_layers)
         self.last_sizes: list[int] = []
         self.last_tree: dict | None = None
-        seconds = getattr(verify_cost, "seconds", None) or {}
+        seconds = getattr(getattr(verify_cost, "chain", verify_cost), "seconds", None) or {}
         self.target_step_s = float(seconds.get(1, 0.0))  # 0: unknown, no early stop
         self.level_s = 0.0  # running mean seconds of one draft level (expansion call)
+        self.context = 0  # tokens in the context at the current step
         self.begin([])
 
     def begin(self, prompt_ids: list[int]) -> None:
@@ -76,13 +78,19 @@ class EagleDrafter(Drafter):
         self.skipped_feats: list[torch.Tensor] = []  # features of steps that skipped drafting
         self.gate = DraftGate()
 
+    def _cost(self, queries: int) -> float:
+        """The verify cost of ``queries`` queries at the current context (a StepCost is priced at it)."""
+        if isinstance(self.verify_cost, StepCost):
+            return self.verify_cost(queries, False, self.context)
+        return float(self.verify_cost(queries))
+
     def _gate_open(self) -> bool:
         """With ``total_tokens=auto``: whether drafting can pay this step (:class:`DraftGate`; its
         break-even two head calls, the catch-up and one level, over a plain target step, plus one
         more verified query)."""
         if self.total_tokens != AUTO or not (self.target_step_s > 0 and self.level_s > 0):
             return True
-        extra = max(0.0, float(self.verify_cost(2)) - 1.0) if self.verify_cost is not None else 0.0
+        extra = max(0.0, float(self._cost(2)) - 1.0) if self.verify_cost is not None else 0.0
         self.gate.pay_at = 2 * self.level_s / self.target_step_s + extra
         return self.gate.draft_now()
 
@@ -116,6 +124,7 @@ class EagleDrafter(Drafter):
     def propose(self, state: DecodeState) -> Candidates:
         depth = min(self.depth, state.budget)
         self.last_tree = None
+        self.context = len(state.tokens)
         if depth > 0 and state.features is not None and not self._gate_open():
             self.skipped_feats.append(state.features)  # caught up at the next step that drafts
             return Candidates.empty(state.device)
@@ -148,7 +157,7 @@ class EagleDrafter(Drafter):
         pool = expand(step, torch.log_softmax(root_logits, -1), root_h, depth, self.top_k, head.draft_ids.cpu(),
                       stop_below)
         if self.total_tokens == AUTO:
-            cost = self.verify_cost or (lambda q: 1.0)
+            cost = self._cost if self.verify_cost is not None else (lambda q: 1.0)
             n = choose_size(pool.scores.exp(), cost, self.max_total)
             n = max(n, 1)
         else:
