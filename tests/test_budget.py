@@ -264,14 +264,24 @@ def test_estimator_calibrates_hopeful_priors_from_pooled_verdicts():
     for step in range(300):
         est.estimate(cand, [("k", step)], [0.8])  # a new key every step
         est.observe(StepResult(cand, [0] if rng.random() < 0.2 else [], bonus_token=9))
-    assert 0.15 < est.prior_scale() * 0.8 < 0.26
+    assert 0.15 < est.prior_scale(0.8) * 0.8 < 0.26
     assert 0.15 < float(est.estimate(cand, [("fresh",)], [0.8])[0]) < 0.26
     honest = AcceptanceEstimator(memory=1.0)
     for step in range(300):
         honest.estimate(cand, [("k", step)], [0.2])
         honest.observe(StepResult(cand, [0] if rng.random() < 0.2 else [], bonus_token=9))
-    assert 0.8 < honest.prior_scale() < 1.25
-    assert AcceptanceEstimator().prior_scale() == 1.0
+    assert 0.8 < honest.prior_scale(0.2) < 1.25
+    assert AcceptanceEstimator().prior_scale(0.5) == 1.0
+    # Priors in different bins are calibrated apart: hopeful first tokens (0.5, hit a tenth of the
+    # time) do not drag down honest deep ones (0.8, hit 80 %).
+    mixed = AcceptanceEstimator(memory=1.0)
+    chain = Candidates(torch.tensor([1, 2]), torch.tensor([-1, 0]), ["s", "s"])
+    for step in range(400):
+        mixed.estimate(chain, [("first", step), ("deep", step)], [0.5, 0.8])
+        first = rng.random() < 0.1
+        mixed.observe(StepResult(chain, ([0, 1] if rng.random() < 0.8 else [0]) if first else [], bonus_token=9))
+    assert 0.1 < mixed.prior_scale(0.5) * 0.5 < 0.2
+    assert 0.85 < mixed.prior_scale(0.8) < 1.15
     with pytest.raises(ValueError, match="calibration"):
         AcceptanceEstimator(calibration=0.0)
 

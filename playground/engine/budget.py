@@ -228,6 +228,10 @@ def node_paths(candidates: Candidates) -> list[tuple[int, ...]]:
     return out
 
 
+PRIOR_GROUPS = 5
+"""Bins of the prior (0-0.2, ..., 0.8-1) whose scales :class:`AcceptanceEstimator` calibrates apart."""
+
+
 class AcceptanceEstimator:
     """Calibrated ``accept_probs`` from a drafter's raw signal: a Beta posterior per key.
 
@@ -245,10 +249,14 @@ class AcceptanceEstimator:
     The priors themselves are calibrated (two-level shrinkage, as in empirical Bayes): with many
     keys and fading counts each key holds only a few observations, so its estimate stays near its
     prior, and a drafter's hand-set priors are often too hopeful (on untuned questions suffix
-    decoding's were about 1.5x its real rate). The estimator therefore also pools, over every
-    tested node of every key, the priors' sum and the hits, and scales each prior by
-    ``(pooled hits + calibration) / (pooled priors + calibration)`` (1 before any verdict) before
-    using it.
+    decoding's were about 1.5x its real rate). The estimator therefore also pools, over the tested
+    nodes of every key whose prior falls in the same one of :data:`PRIOR_GROUPS` equal bins, the
+    priors' sum and the hits, and scales each prior by ``(pooled hits + calibration) / (pooled
+    priors + calibration)`` of its bin (1 before any verdict) before using it: a histogram-binning
+    calibration of the priors. Per bin, not one scale for all: a drafter's priors mean different
+    things (prompt lookup's first token of a match, 0.35-0.65, fails far more often than its 0.8
+    for a token deeper in a copy that has held so far), and one pooled scale, dragged down by the
+    many failed first tokens, cut the copies short.
 
     Args:
         strength: weight of the prior, in pseudo-observations.
@@ -266,12 +274,14 @@ class AcceptanceEstimator:
         self.hits: dict[Hashable, float] = {}
         self.tests: dict[Hashable, float] = {}
         self.pending: dict[tuple[int, ...], tuple[Hashable, float]] = {}
-        self.pooled_priors = 0.0  # sum of the (unscaled) priors of tested nodes, faded like the counts
-        self.pooled_hits = 0.0
+        self.pooled_priors = [0.0] * PRIOR_GROUPS  # per prior bin: the (unscaled) priors of tested nodes
+        self.pooled_hits = [0.0] * PRIOR_GROUPS  # and their hits, faded like the counts
 
-    def prior_scale(self) -> float:
-        """The factor every prior is multiplied by: pooled hits over pooled priors, shrunk to 1."""
-        return (self.pooled_hits + self.calibration) / (self.pooled_priors + self.calibration)
+    def prior_scale(self, prior: float) -> float:
+        """The factor a prior of this value is multiplied by: its bin's pooled hits over pooled
+        priors, shrunk to 1."""
+        g = probability_bin(prior, PRIOR_GROUPS)
+        return (self.pooled_hits[g] + self.calibration) / (self.pooled_priors[g] + self.calibration)
 
     def estimate(self, candidates: Candidates, keys: list[Hashable], priors: list[float]) -> torch.Tensor:
         """``(num_nodes,)`` float32 estimates for ``candidates`` (one key and prior per node); the
@@ -279,15 +289,13 @@ class AcceptanceEstimator:
         if len(keys) != len(candidates) or len(priors) != len(candidates):
             raise ValueError(f"keys and priors need one entry per node ({len(candidates)}), "
                              f"got {len(keys)} and {len(priors)}")
-        scale = self.prior_scale()
         self.pending = dict(zip(node_paths(candidates), zip(keys, priors)))
-        return torch.tensor([self.value(k, p, scale) for k, p in zip(keys, priors)], dtype=torch.float32)
+        return torch.tensor([self.value(k, p) for k, p in zip(keys, priors)], dtype=torch.float32)
 
-    def value(self, key: Hashable, prior: float, scale: float | None = None) -> float:
-        """The estimate for one node of ``key`` and ``prior`` (``scale``: :meth:`prior_scale`, if known)."""
-        scale = self.prior_scale() if scale is None else scale
-        s = self.strength
-        return (self.hits.get(key, 0.0) + s * min(1.0, scale * float(prior))) / (self.tests.get(key, 0.0) + s)
+    def value(self, key: Hashable, prior: float) -> float:
+        """The estimate for one node of ``key`` and ``prior``."""
+        s, prior = self.strength, float(prior)
+        return (self.hits.get(key, 0.0) + s * min(1.0, self.prior_scale(prior) * prior)) / (self.tests.get(key, 0.0) + s)
 
     def observe(self, result) -> None:
         """Count the tests and hits of the remembered nodes in a step's verdict (``StepResult``)."""
@@ -297,8 +305,8 @@ class AcceptanceEstimator:
             for counts in (self.hits, self.tests):
                 for k in counts:
                     counts[k] *= self.memory
-            self.pooled_priors *= self.memory
-            self.pooled_hits *= self.memory
+            self.pooled_priors = [v * self.memory for v in self.pooled_priors]
+            self.pooled_hits = [v * self.memory for v in self.pooled_hits]
         cand = result.candidates
         parents = cand.parents.tolist()
         accepted = set(result.path)
@@ -311,8 +319,9 @@ class AcceptanceEstimator:
             self.tests[key] = self.tests.get(key, 0.0) + 1.0
             if hit:
                 self.hits[key] = self.hits.get(key, 0.0) + 1.0
-            self.pooled_priors += float(prior)
-            self.pooled_hits += hit
+            g = probability_bin(prior, PRIOR_GROUPS)
+            self.pooled_priors[g] += float(prior)
+            self.pooled_hits[g] += hit
         self.pending = {}
 
 
