@@ -25,6 +25,10 @@ from .trees import TreeBuffers, parse_tree_choices, rank_probs_from_accuracy, tr
 class MedusaDrafter(Drafter):
     """Medusa-1 decoding: the heads' top-k tokens on the target's last hidden state fill a tree.
 
+    With the budget on (``budget_cost`` set) a :class:`~playground.engine.budget.DraftGate` skips
+    the heads (a plain step) while head 1's recent hit rate is below their measured share of a
+    plain target step plus one more verified query; the tree is pruned per step by the budget.
+
     Args:
         heads: Medusa heads attached to the target's ``lm_head`` (on the target's device).
         tree_choices: index paths (see :func:`~playground.engine.tree.parse_tree_choices`); paths
