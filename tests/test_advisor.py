@@ -153,7 +153,7 @@ def test_measured_figures_put_the_fastest_measured_method_first():
     default = dict(target_b=0.135, draft_b=0.00747, device="cpu", draft_loaded=True, draft_k=2, medusa_loaded=True)
     for isa in ("avx512", "avx2"):
         figs = MEASURED[isa]
-        best = max(figs, key=lambda m: figs[m]["speedup"])
+        best = max((m for m in figs if ":" not in m), key=lambda m: figs[m]["speedup"])  # at its defaults
         adv = advisor.advise(advisor.Situation(**default, cpu_isa=isa))
         assert adv.primary == best and "measured_figures" in adv.rule_ids(), isa
         assert {"draft_model", "medusa"} <= set(adv.methods)
