@@ -82,10 +82,10 @@ def measure_step_cost(target, prompt_ids: list[int], sizes: Sequence[int] = STEP
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     chain, tree = _step_curves(target, list(prompt_ids), sizes, rounds, seed)
-    if long_prompt_ids is None or len(long_prompt_ids) <= len(prompt_ids):
+    few = sorted({int(s) for s in sizes if s >= 2})
+    if long_prompt_ids is None or len(long_prompt_ids) <= len(prompt_ids) or not few:
         return StepCost(chain, tree, len(prompt_ids))
     # Every timed run prefills its prompt once: after a long one, three sizes fix the fitted line.
-    few = sorted({s for s in sizes if s >= 2})
     few = sorted({few[0], few[len(few) // 2], few[-1]})
     long_chain, long_tree = _step_curves(target, list(long_prompt_ids), few, rounds, seed)
     return StepCost(chain, tree, len(prompt_ids), long_chain, long_tree, len(long_prompt_ids))
