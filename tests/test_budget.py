@@ -225,33 +225,45 @@ def test_prompt_lookup_estimates_follow_match_length():
     assert long.accept_probs[1] >= long.accept_probs[0]
 
 
-def test_prompt_lookup_streak_follows_whole_copies():
-    """A copy the target took whole raises the next step's first estimate (the streak key: 0, 1,
-    then 2 at most); a copy it cut resets it; a step that verified none of the chain (plain step, or
-    pruned away) leaves it alone; in a merged tree only the drafter's own verified chain counts."""
+def test_find_match_counts_how_long_the_copy_has_held():
+    """copy_len: the matched suffix followed backwards past the n-gram (the most recent occurrence
+    still chosen, capped at MAX_COPY_LEN); a shorter n-gram cannot extend."""
+    from playground.engine.prompt_lookup import MAX_COPY_LEN, find_match
+    seq = torch.tensor([9, 1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 4, 5])  # [1..5] held 5 tokens since the 8
+    assert find_match(seq, 3, 4) == ([6, 8, 1, 2], 3, 5)
+    seq = torch.tensor([7, 3, 4, 5, 6, 1, 2, 3, 4, 5])  # the 3-gram alone: 7 != 2
+    assert find_match(seq, 3, 2) == ([6, 1], 3, 3)
+    assert find_match(torch.tensor([1, 2, 3, 5, 2]), 3, 2) == ([3, 5], 1, 1)
+    long = list(range(100, 160))
+    assert find_match(torch.tensor(long + [0] + long), 3, 1) == ([0], 3, MAX_COPY_LEN)
+    assert find_match(torch.tensor([1, 2, 3]), 3, 2) == ([], 0, 0)
+
+
+def test_prompt_lookup_trusts_copies_that_held_longer():
+    """Prompt lookup's priors rise with how long the copy has held (a long copy's first token above
+    a fresh match's), and a new run carries only part of the learnt counts: an answer whose copies
+    failed teaches the estimator, the next answer starts nearer the prior again."""
+    from playground.engine.budget import RUN_CARRY
     from playground.engine.drafter import DecodeState
     from playground.engine.sampling import SamplingConfig
+    st = lambda toks: DecodeState(toks, 2, SamplingConfig(), None, 8, torch.device("cpu"), 64)  # noqa: E731
     d = PromptLookupDrafter(3, 4)
-    toks = [1, 2, 3, 4, 5, 6, 1, 2, 3]
-    st = DecodeState(toks, 2, SamplingConfig(), None, 8, torch.device("cpu"), 64)
-    first = d.propose(st)
-    assert d.found == [4, 5, 6, 1]
-    verdict = lambda cand, path: StepResult(cand, path, 9, toks)  # noqa: E731
-    d.update(verdict(first, [0, 1, 2, 3]))
-    assert d.streak == 1
-    second = d.propose(st)
-    assert second.accept_probs[0] > first.accept_probs[0]
-    d.update(verdict(second, [0, 1, 2, 3]))
-    d.propose(st)
-    d.update(verdict(Candidates.chain([4, 5], "pl"), [0, 1]))  # the budget kept two nodes: whole
-    assert d.streak == 2
-    d.propose(st)
-    d.update(verdict(Candidates.empty(torch.device("cpu")), []))  # a plain step
-    assert d.streak == 2
-    d.propose(st)
-    merged = Candidates(torch.tensor([4, 5, 7]), torch.tensor([-1, 0, -1]), ["pl", "pl", "x"])
-    d.update(verdict(merged, [2]))  # another member's token taken instead
-    assert d.streak == 0
+    d.begin([1])
+    held = d.propose(st([9, 1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 4, 5]))
+    fresh = d.propose(st([7, 3, 4, 5, 6, 1, 2, 3, 4, 5]))
+    assert held.accept_probs[0] > fresh.accept_probs[0]
+    assert list(held.accept_probs) == sorted(held.accept_probs)
+    toks = [7, 3, 4, 5, 6, 1, 2, 3, 4, 5]
+    first = float(d.propose(st(toks)).accept_probs[0])
+    for _ in range(20):  # every copy rejected at its first token
+        cand = d.propose(st(toks))
+        d.update(StepResult(cand, [], 0, toks))
+    failed = float(d.propose(st(toks)).accept_probs[0])
+    assert failed < 0.5 * first
+    tests = dict(d.estimator.tests)
+    d.begin([1])
+    assert all(abs(d.estimator.tests[k] - RUN_CARRY * v) < 1e-9 for k, v in tests.items())
+    assert failed < float(d.propose(st(toks)).accept_probs[0]) < first
 
 
 def test_estimator_calibrates_hopeful_priors_from_pooled_verdicts():

@@ -9,9 +9,11 @@ followed it. It is deterministic, so under sampling the verifier uses the one-ho
 
 from __future__ import annotations
 
+import bisect
+
 import torch
 
-from .budget import AcceptanceEstimator, node_paths, with_budget_knob
+from .budget import AcceptanceEstimator, with_budget_knob
 from .step_cost import build_with_budget
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_PROMPT_LOOKUP, SOURCE_TARGET
@@ -25,7 +27,11 @@ def find_candidate(tokens: torch.Tensor, max_ngram_size: int, num_pred_tokens: i
     return find_match(tokens, max_ngram_size, num_pred_tokens)[0]
 
 
-def find_match(tokens: torch.Tensor, max_ngram_size: int, num_pred_tokens: int) -> tuple[list[int], int]:
+MAX_COPY_LEN = 32
+"""How far back :func:`find_match` follows a match's agreement (its ``copy_len``), in tokens."""
+
+
+def find_match(tokens: torch.Tensor, max_ngram_size: int, num_pred_tokens: int) -> tuple[list[int], int, int]:
     """Tokens that followed the most recent earlier occurrence of the longest matching suffix.
 
     Args:
@@ -34,20 +40,38 @@ def find_match(tokens: torch.Tensor, max_ngram_size: int, num_pred_tokens: int) 
         num_pred_tokens: how many following tokens to return at most.
 
     Returns:
-        ``(up to num_pred_tokens token ids, the matched n-gram size)``; ``([], 0)`` when no suffix
-        n-gram recurs.
+        ``(up to num_pred_tokens token ids, the matched n-gram size n, copy_len)``, where
+        ``copy_len`` >= n counts the tokens before the proposal that agree with the occurrence's
+        (the suffix matched backwards past the n-gram, at most :data:`MAX_COPY_LEN`): how long the
+        copy has held so far. ``([], 0, 0)`` when no suffix n-gram recurs.
     """
     seq_len = tokens.shape[0]
     for n in range(min(max_ngram_size, seq_len - 1), 0, -1):
         suffix = tokens[seq_len - n:]
         # Windows starting at 0 .. seq_len - n - 1: every earlier occurrence, never the suffix itself.
         windows = tokens[:seq_len - 1].unfold(0, n, 1)
-        hits = (windows == suffix).all(dim=1).nonzero().flatten()
-        for start in reversed(hits.tolist()):  # most recent first
+        hits = (windows == suffix).all(dim=1).nonzero().flatten().tolist()
+        for start in reversed(hits):  # most recent first
             follow = tokens[start + n:start + n + num_pred_tokens]
-            if follow.numel():
-                return follow.tolist(), n
-    return [], 0
+            if not follow.numel():
+                continue
+            length = n
+            if n == max_ngram_size:  # a shorter n cannot extend: the (n + 1)-gram would have matched
+                back = tokens[max(0, start - MAX_COPY_LEN + n):start].flip(0)
+                mine = tokens[max(0, seq_len - MAX_COPY_LEN):seq_len - n].flip(0)
+                m = min(back.numel(), mine.numel())
+                differ = (back[:m] != mine[:m]).nonzero()
+                length += int(differ[0]) if differ.numel() else m
+            return follow.tolist(), n, length
+    return [], 0, 0
+
+
+HELD_HALF = 1.5
+"""Prompt lookup's prior that a copy which has held for h tokens holds one more: h / (h + HELD_HALF)
+(0.4 after one token, 0.67 after three, 0.87 after ten): copies that ran long tend to run on."""
+
+HELD_BINS = (1, 2, 3, 4, 5, 7, 10, 15, 22)
+"""Edges of the held-length bins that key prompt lookup's acceptance estimates."""
 
 
 class PromptLookupDrafter(Drafter):
@@ -65,37 +89,27 @@ class PromptLookupDrafter(Drafter):
         self.max_ngram_size = PROMPT_LOOKUP_NGRAM_KNOB.check(max_ngram_size)
         self.num_pred_tokens = PROMPT_LOOKUP_TOKENS_KNOB.check(num_pred_tokens)
         self.estimator = AcceptanceEstimator()
-        self.streak = 0  # steps in a row whose verified proposal was accepted whole (capped at 2)
-        self.found: list[int] = []
 
     def begin(self, prompt_ids: list[int]) -> None:
-        self.streak, self.found = 0, []
+        self.estimator.new_run()  # earlier answers' verdicts become a prior; this answer's soon count more
 
     def propose(self, state: DecodeState) -> Candidates:
         k = min(self.num_pred_tokens, state.budget)
         if k <= 0:
             return Candidates.empty(state.device)
-        found, n = find_match(torch.tensor(state.tokens), self.max_ngram_size, k)
-        self.found = list(found)
+        found, _, held = find_match(torch.tensor(state.tokens), self.max_ngram_size, k)
         cand = Candidates.chain(found, self.source, device=state.device)
-        # Acceptance estimate: a running hit rate per (match length, depth, streak), from a prior
-        # that trusts longer matches, deeper tokens of a copy that has held so far, and a copy the
-        # target took whole at the previous steps (translation, extraction: copying runs on).
-        keys = [(min(n, 4), min(d, 6), self.streak) for d in range(1, len(found) + 1)]
-        priors = [(0.25 + 0.1 * min(n, 4) + 0.15 * s) if d == 1 else 0.8 for _, d, s in keys]
+        # Acceptance estimate: a running hit rate per (first token or not, how long the copy will
+        # have held before the token), from a prior that trusts copies that held longer (a passage
+        # being copied or translated runs on; a chance n-gram match in free text rarely does).
+        held_before = [held + d for d in range(len(found))]
+        keys = [(d == 0, bisect.bisect_right(HELD_BINS, h)) for d, h in enumerate(held_before)]
+        priors = [h / (h + HELD_HALF) for h in held_before]
         cand.accept_probs = self.estimator.estimate(cand, keys, priors)
         return cand
 
     def update(self, result: StepResult) -> None:
         self.estimator.observe(result)
-        # The streak: did the target take the part of this drafter's chain that was verified (the
-        # budget may have cut it; in a mixture it shares the tree)? Nothing verified: unchanged.
-        paths = set(node_paths(result.candidates))
-        verified = next((n for n in range(len(self.found), 0, -1) if tuple(self.found[:n]) in paths), 0)
-        if verified:
-            taken = [int(result.candidates.tokens[i]) for i in result.path]
-            whole = taken[:verified] == self.found[:verified]
-            self.streak = min(2, self.streak + 1) if whole else 0
 
 
 METHOD = register(MethodInfo(
