@@ -26,18 +26,9 @@ import torch
 
 
 def parse_method(text: str):
-    from playground.engine import MethodSpec
+    from playground.bench.cli import method_spec
 
-    name, _, rest = text.partition(":")
-    params = {}
-    for item in filter(None, rest.split(";")):
-        k, _, v = item.partition("=")
-        v = v.replace("+", ",")  # members=suffix+recycling: commas separate methods
-        try:
-            params[k] = json.loads(v)
-        except json.JSONDecodeError:
-            params[k] = v
-    return text, MethodSpec(name, params)
+    return method_spec(text)
 
 
 def main(argv=None) -> int:

@@ -94,6 +94,23 @@ def method_params(methods: list[str], knob_values: dict) -> dict[str, dict]:
     return params
 
 
+def method_spec(text: str):
+    """``(text, MethodSpec)`` from ``NAME[:knob=value;knob=value]`` (a list value joined by '+', e.g.
+    ``mixture:members=suffix+recycling``; values parsed as JSON where they are, else text)."""
+    from playground.engine import MethodSpec
+
+    name, _, rest = text.partition(":")
+    params = {}
+    for item in filter(None, rest.split(";")):
+        k, _, v = item.partition("=")
+        v = v.replace("+", ",")  # members=suffix+recycling: commas separate methods
+        try:
+            params[k] = json.loads(v)
+        except json.JSONDecodeError:
+            params[k] = v
+    return text, MethodSpec(name, params)
+
+
 def parse_methods(text: str) -> list[str]:
     """Split ``a,b,c``, check every name, put the baseline first (added when missing, with a note).
 

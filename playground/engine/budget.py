@@ -93,6 +93,14 @@ class StepCost:
                        long_context=self.long_context)
         return out
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepCost":
+        """The inverse of :meth:`as_dict` (raises KeyError or ValueError on a malformed dict)."""
+        long = "long_chain" in d
+        return cls(VerifyCost.from_dict(d["chain"]), VerifyCost.from_dict(d["tree"]), int(d.get("short_context", 0)),
+                   VerifyCost.from_dict(d["long_chain"]) if long else None,
+                   VerifyCost.from_dict(d["long_tree"]) if long else None, int(d.get("long_context", 0)))
+
 
 MAX_CONTEXT_EXTRAPOLATION = 3.0
 """How far past the long curve (in spans long_context - short_context) :class:`StepCost` extrapolates."""

@@ -1,0 +1,63 @@
+"""The budget replay (playground.bench.replay) reproduces real greedy runs step for step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import FakeLoaded, clear_greedy_baseline, run_events, tiny_llama
+from playground.bench.replay import check_replayable, replay
+from playground.engine import Engine, MethodSpec
+from playground.engine import StepCost, VerifyCost
+
+COST = StepCost(VerifyCost({1: 1.0, 2: 1.08, 5: 1.3, 9: 1.6, 17: 2.2, 33: 3.5}),
+                VerifyCost({1: 1.0, 2: 1.1, 5: 1.35, 9: 1.7, 17: 2.4, 33: 3.8}), 20,
+                VerifyCost({1: 1.0, 2: 1.2, 5: 1.5, 9: 1.9, 17: 2.6, 33: 4.0}),
+                VerifyCost({1: 1.0, 2: 1.2, 5: 1.55, 9: 2.0, 17: 2.8, 33: 4.3}), 60)
+
+
+@pytest.mark.parametrize("spec", ["prompt_lookup", "prompt_lookup:budget=off", "suffix",
+                                  "mixture:members=suffix+prompt_lookup"])
+def test_replay_matches_the_decoding_loop_step_for_step(spec):
+    """Against the baseline's output, the replay makes the same steps as the real loop (the same
+    proposal sizes and accepted tokens, the budget included), over seeds, and its time is the sum
+    of the curve's costs of those steps."""
+    from playground.bench.cli import method_spec
+
+    model = tiny_llama(2)
+    g = torch.Generator().manual_seed(3)
+    for seed in range(6):
+        engine = Engine(FakeLoaded(model))
+        engine._persistent["step_cost"] = COST  # both runs price steps with one curve
+        _, ms = method_spec(spec)
+        prompt, baseline, _ = clear_greedy_baseline(engine.target_lm, g, 24, 5, 32)
+        events = run_events(engine.target_lm, engine.make_drafter(ms), prompt, 32)
+        engine.forget("learned/")
+        out = replay(engine.make_drafter(ms), prompt, baseline, 32, COST)
+        steps = [e for e in events if e.step > 0]
+        assert out["new_tokens"] == len(baseline)
+        assert [(q, a) for q, a, _, _ in out["trace"]] == [(1 + e.proposed, e.accepted) for e in steps], seed
+        assert out["steps"] == len(steps) and out["proposed"] == sum(e.proposed for e in steps)
+        assert out["time"] == pytest.approx(1 + sum(COST(q, chain, ctx) for q, _, chain, ctx in out["trace"]))
+        assert any(q > 1 for q, *_ in out["trace"])  # something was drafted
+
+
+def test_replay_refuses_drafters_that_need_the_target():
+    check_replayable(MethodSpec("mixture", {"members": "suffix,prompt_lookup"}))
+    for spec in (MethodSpec("recycling", {}), MethodSpec("mixture", {}), MethodSpec("eagle", {})):
+        with pytest.raises(ValueError, match="cannot replay"):
+            check_replayable(spec)
+    with pytest.raises(ValueError, match="baseline"):
+        replay(None, [1, 2], [], 8, COST)
+
+
+def test_step_cost_round_trips_through_json(tmp_path):
+    """The replay's --cost file: StepCost.as_dict / from_dict keep every curve and context."""
+    import json
+    back = StepCost.from_dict(json.loads(json.dumps(COST.as_dict())))
+    for q in (1, 2, 4, 9, 30):
+        for chain in (True, False):
+            for ctx in (None, 10, 40, 200):
+                assert back(q, chain, ctx) == pytest.approx(COST(q, chain, ctx))
+    short = StepCost(COST.chain, COST.tree, 20)
+    assert StepCost.from_dict(short.as_dict()).long_chain is None
