@@ -318,3 +318,32 @@ def test_step_cost_follows_the_context_length():
                                  long_prompt_ids=list(range(1, 41)))
     assert (measured.short_context, measured.long_context) == (8, 40) and measured.long_tree is not None
     assert set(measured.as_dict()) >= {"chain", "tree", "long_chain", "long_tree", "long_context"}
+
+
+def test_gate_memory_carries_the_rate_into_the_next_run():
+    """GateMemory: a fresh run's gate starts halfway between its prior and the rate the previous run
+    ended at; the engine keeps one per method and knobs (learned/, so the benchmark forgets it after
+    warm-up), and a gated run stays lossless."""
+    from playground.engine.budget import DEFAULT_GATE_PRIOR, DraftGate, GateMemory
+    mem = GateMemory()
+    assert mem.prior() == DEFAULT_GATE_PRIOR and mem.prior(1.0) == 1.0
+    gate = DraftGate(pay_at=0.5)
+    for _ in range(10):
+        gate.observe(False)
+    mem.remember(gate)
+    assert mem.prior() == pytest.approx(0.5 * (DEFAULT_GATE_PRIOR + gate.first_rate))
+    model = tiny_llama(3)
+    engine = Engine(FakeLoaded(model))
+    g = torch.Generator().manual_seed(2)
+    for method in ("lookahead",):
+        first = engine.make_drafter(MethodSpec(method, {"budget": "auto"}))
+        prompt, baseline, _ = clear_greedy_baseline(engine.target_lm, g, 10, 5, 24)
+        from playground.engine.decoding import decode
+        events = list(decode(engine.target_lm, first, prompt, GenerationSettings(max_new_tokens=24)))
+        assert [t for e in events for t in e.tokens] == baseline
+        second = engine.make_drafter(MethodSpec(method, {"budget": "auto"}))
+        assert second.gate_memory is first.gate_memory and first.gate_memory.rate == first.gate.first_rate
+        second.begin(prompt)
+        assert second.gate.first_rate == pytest.approx(first.gate_memory.prior(1.0))
+        engine.forget("learned/")
+        assert engine.make_drafter(MethodSpec(method, {"budget": "auto"})).gate_memory.rate is None

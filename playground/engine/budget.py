@@ -355,6 +355,10 @@ class AcceptanceEstimator:
         self.pending = {}
 
 
+DEFAULT_GATE_PRIOR = 0.6
+"""A draft gate's starting rate when nothing is known yet (:class:`DraftGate`)."""
+
+
 class DraftGate:
     """Whether a costly drafter should draft at all this step (the budget's step-level half).
 
@@ -378,7 +382,7 @@ class DraftGate:
             first probing period, in steps; max_probe_every: the longest period.
     """
 
-    def __init__(self, pay_at: float = 0.0, prior: float = 0.6, rate: float = 0.15, probe_every: int = 4,
+    def __init__(self, pay_at: float = 0.0, prior: float = DEFAULT_GATE_PRIOR, rate: float = 0.15, probe_every: int = 4,
                  max_probe_every: int = 16):
         self.pay_at, self.first_rate = float(pay_at), float(prior)
         self.rate, self.probe_every = float(rate), int(probe_every)
@@ -408,6 +412,28 @@ class DraftGate:
             self.probing = False
 
 
+class GateMemory:
+    """A draft gate's rate carried from one run to the next (the engine keeps one per method and knobs).
+
+    A fresh gate starts at a hopeful prior, so each run drafts for its first several steps before
+    the rate falls below the break-even, which on a short answer where the drafter fails
+    (summaries for EAGLE, free text for Lookahead's window) costs a few per cent. A drafter that
+    holds a memory starts each run's gate halfway between its own prior and the rate the gate ended
+    the previous run at (:meth:`prior`), and stores that rate when the run finishes (:meth:`remember`).
+    """
+
+    def __init__(self):
+        self.rate: float | None = None
+
+    def prior(self, default: float = DEFAULT_GATE_PRIOR) -> float:
+        """The starting rate of the next run's gate."""
+        return default if self.rate is None else 0.5 * (default + self.rate)
+
+    def remember(self, gate: "DraftGate") -> None:
+        """Keep the rate ``gate`` ended its run at."""
+        self.rate = float(gate.first_rate)
+
+
 def probability_bin(p: float, bins: int = 10) -> int:
     """The bin of a probability in [0, 1] (``bins`` equal bins), a key for :class:`AcceptanceEstimator`."""
     return min(bins - 1, max(0, int(float(p) * bins)))
@@ -419,5 +445,5 @@ def with_budget_knob(knobs: tuple) -> tuple:
 
 
 __all__ = ["BUDGET_KNOB", "BUDGET_AUTO", "BUDGET_OFF", "StepCost", "DraftGate", "best_subtree",
-           "best_subtree_reference", "subset", "apply_budget", "AcceptanceEstimator", "node_paths",
+           "best_subtree_reference", "subset", "apply_budget", "AcceptanceEstimator", "node_paths", "GateMemory",
            "probability_bin", "path_probs", "with_budget_knob"]

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .budget import AcceptanceEstimator, DraftGate, probability_bin, with_budget_knob
+from .budget import AcceptanceEstimator, DraftGate, GateMemory, StepCost, probability_bin, with_budget_knob
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_DRAFT, SOURCE_TARGET
 from .limits import DRAFT_CONFIDENCE_KNOB, DRAFT_PROPOSER_KNOB, K_KNOB
@@ -134,6 +134,11 @@ class TokenMap:
         return out
 
 
+def _price(cost, queries: int, context: int | None) -> float:
+    """A chain of ``queries`` queries' step cost (a :class:`StepCost` at ``context``; a plain curve as is)."""
+    return float(cost(queries, True, context) if isinstance(cost, StepCost) else cost(queries))
+
+
 class DraftModelDrafter(Drafter):
     """Chain drafter backed by a smaller causal LM that shares the target's tokenizer.
 
@@ -164,22 +169,27 @@ class DraftModelDrafter(Drafter):
         self.cache = None
         self.fed: list[int] = []  # token ids held in the draft's KV cache, in order
         self.estimator = AcceptanceEstimator()
+        self.gate_memory = GateMemory()
         self.gate = DraftGate()
         self.draft_s = 0.0  # running mean seconds of one draft forward
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.cache = self.draft.new_cache()
         self.fed = []
-        self.gate = DraftGate()
+        self.gate = DraftGate(prior=self.gate_memory.prior())
 
-    def _gate_open(self) -> bool:
+    def finish(self, tokens: list[int], prompt_len: int) -> None:
+        self.gate_memory.remember(self.gate)
+
+    def _gate_open(self, context: int | None = None) -> bool:
         """With the budget on: whether drafting can pay this step (:class:`DraftGate`, its break-even
-        the draft pass's share of a plain target step plus one more verified query's)."""
+        the draft pass's share of a plain target step plus one more verified query's, priced at this
+        ``context`` length)."""
         if self.budget_cost is None:
             return True
         plain_s = float(getattr(self.budget_cost.chain, "seconds", {}).get(1, 0.0))
         if plain_s > 0 and self.draft_s > 0:
-            self.gate.pay_at = self.draft_s / plain_s + max(0.0, self.budget_cost(2, True) - 1.0)
+            self.gate.pay_at = self.draft_s / plain_s + max(0.0, _price(self.budget_cost, 2, context) - 1.0)
         return self.gate.draft_now()
 
     def _sync_cache(self, tokens: list[int]) -> list[int]:
@@ -216,7 +226,7 @@ class DraftModelDrafter(Drafter):
 
     def propose(self, state: DecodeState) -> Candidates:
         k = min(self.k, state.budget)
-        if k <= 0 or not self._gate_open():
+        if k <= 0 or not self._gate_open(len(state.tokens)):
             return Candidates.empty(state.device)
         pending = self._sync_cache(state.tokens)
         drafted: list[int] = []

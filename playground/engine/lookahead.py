@@ -32,7 +32,7 @@ import random
 
 import torch
 
-from .budget import AcceptanceEstimator, DraftGate, StepCost, with_budget_knob
+from .budget import AcceptanceEstimator, DraftGate, GateMemory, StepCost, with_budget_knob
 
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_LOOKAHEAD, SOURCE_TARGET
@@ -189,6 +189,7 @@ class LookaheadDrafter(Drafter):
         self.harvest_output = harvest_output
         self.seed = seed
         self.estimator = AcceptanceEstimator()  # kept across runs (the engine may share a persistent one)
+        self.gate_memory = GateMemory()  # likewise
         self.begin([0])
 
     @property
@@ -207,7 +208,10 @@ class LookaheadDrafter(Drafter):
         self.pool_hits = 0
         self.pool_tokens_accepted = 0
         # The window's gate (budget on): its "acceptance" is the pool's accepted tokens per step.
-        self.gate = DraftGate(prior=1.0)
+        self.gate = DraftGate(prior=self.gate_memory.prior(1.0))
+
+    def finish(self, tokens: list[int], prompt_len: int) -> None:
+        self.gate_memory.remember(self.gate)
 
     def info(self) -> dict[str, int]:
         """The pool's size (n-grams) and hits (steps that accepted a pool token) so far."""

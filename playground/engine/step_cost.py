@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from .budget import BUDGET_AUTO, BUDGET_OFF, STEP_COST_SIZES, AcceptanceEstimator, StepCost
+from .budget import BUDGET_AUTO, BUDGET_OFF, STEP_COST_SIZES, AcceptanceEstimator, GateMemory, StepCost
 from .theory import VerifyCost
 from .drafter import Drafter
 from .tree import Candidates
@@ -183,7 +183,8 @@ def build_with_budget(engine, params: dict, make, owner: str | None = None):
     and its acceptance estimator (an ``estimator`` attribute) replaced by the engine's one for this
     ``owner`` and these params (``learned/<owner>/acceptance/...``): the calibration keeps learning
     across runs instead of starting from the priors every run (the benchmark forgets ``learned/``
-    after warm-up, so it learns from earlier questions only).
+    after warm-up, so it learns from earlier questions only). A ``gate_memory``
+    (:class:`~playground.engine.budget.GateMemory`) is replaced the same way (``learned/<owner>/gate/...``).
 
     Every method's ``build`` goes through here, so the knob means the same for all."""
     key = ",".join(f"{k}={params[k]}" for k in sorted(params))
@@ -194,4 +195,6 @@ def build_with_budget(engine, params: dict, make, owner: str | None = None):
         drafter.budget_cost = engine_step_cost(engine)
     if owner and engine is not None and isinstance(getattr(drafter, "estimator", None), AcceptanceEstimator):
         drafter.estimator = engine.persistent(f"learned/{owner}/acceptance/{key}", AcceptanceEstimator)
+    if owner and engine is not None and isinstance(getattr(drafter, "gate_memory", None), GateMemory):
+        drafter.gate_memory = engine.persistent(f"learned/{owner}/gate/{key}", GateMemory)
     return drafter

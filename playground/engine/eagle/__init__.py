@@ -27,7 +27,12 @@ def _build(engine, params: dict) -> EagleDrafter:
     if params.get("total_tokens", "auto") == "auto":
         from ..step_cost import engine_step_cost
         cost = engine_step_cost(engine)  # the budget's step cost, measured once, priced per context length
-    return EagleDrafter(engine.eagle, verify_cost=cost, max_total=MAX_EAGLE_TOTAL_TOKENS, **params)
+    drafter = EagleDrafter(engine.eagle, verify_cost=cost, max_total=MAX_EAGLE_TOTAL_TOKENS, **params)
+    if hasattr(engine, "persistent"):  # the gate's rate carries from one run to the next (GateMemory)
+        from ..budget import GateMemory
+        key = ",".join(f"{k}={params[k]}" for k in sorted(params))
+        drafter.gate_memory = engine.persistent(f"learned/eagle/gate/{key}", GateMemory)
+    return drafter
 
 
 METHOD = register(MethodInfo(

@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from ..budget import DraftGate, StepCost
+from ..budget import DraftGate, GateMemory, StepCost
 from ..drafter import DecodeState, Drafter, StepResult
 from ..tree import Candidates
 from .head import EagleHead
@@ -69,6 +69,7 @@ class EagleDrafter(Drafter):
         self.target_step_s = float(seconds.get(1, 0.0))  # 0: unknown, no early stop
         self.level_s = 0.0  # running mean seconds of one draft level (expansion call)
         self.context = 0  # tokens in the context at the current step
+        self.gate_memory = GateMemory()  # the engine may share a persistent one (eagle's build)
         self.begin([])
 
     def begin(self, prompt_ids: list[int]) -> None:
@@ -76,7 +77,10 @@ class EagleDrafter(Drafter):
         self.committed = 0  # draft entries for positions 0 .. committed - 1
         self.last_tree = None
         self.skipped_feats: list[torch.Tensor] = []  # features of steps that skipped drafting
-        self.gate = DraftGate()
+        self.gate = DraftGate(prior=self.gate_memory.prior())
+
+    def finish(self, tokens: list[int], prompt_len: int) -> None:
+        self.gate_memory.remember(self.gate)
 
     def _cost(self, queries: int) -> float:
         """The verify cost of ``queries`` queries at the current context (a StepCost is priced at it)."""

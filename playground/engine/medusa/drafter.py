@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from ..budget import AcceptanceEstimator, DraftGate
+from ..budget import AcceptanceEstimator, DraftGate, GateMemory, StepCost
 from ..drafter import DecodeState, Drafter, StepResult
 from ..limits import POSTERIOR_ALPHA_KNOB, POSTERIOR_THRESHOLD_KNOB
 from ..tree import Candidates
@@ -63,18 +63,27 @@ class MedusaDrafter(Drafter):
         self.priors = [ranks[d - 1][r] if ranks and d - 1 < len(ranks) else 0.3 / (r + 1) * 0.8 ** (d - 1)
                        for d, r in zip(self.buffers.depths.tolist(), self.buffers.ranks.tolist())]
         self.estimator = AcceptanceEstimator()
+        self.gate_memory = GateMemory()
         self.gate = DraftGate()
         self.heads_s = 0.0  # running mean seconds of one call of the heads
         self.first_tokens: set[int] | None = None  # head 1's tokens proposed this step (None: none)
 
-    def _gate_open(self) -> bool:
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.gate = DraftGate(prior=self.gate_memory.prior())
+        self.first_tokens = None
+
+    def finish(self, tokens: list[int], prompt_len: int) -> None:
+        self.gate_memory.remember(self.gate)
+
+    def _gate_open(self, context: int | None = None) -> bool:
         """With the budget on: whether running the heads can pay this step (:class:`DraftGate`; its
-        break-even the heads' share of a plain target step plus one more verified query)."""
+        break-even the heads' share of a plain target step plus one more verified query, priced at
+        this ``context`` length)."""
         cost = self.budget_cost
         step_s = float((getattr(getattr(cost, "chain", cost), "seconds", None) or {}).get(1, 0.0))
         if cost is None or not (step_s > 0 and self.heads_s > 0):
             return True
-        self.gate.pay_at = self.heads_s / step_s + max(0.0, float(cost(2)) - 1.0)
+        self.gate.pay_at = self.heads_s / step_s + max(0.0, float(cost(2, True, context) if isinstance(cost, StepCost) else cost(2)) - 1.0)
         return self.gate.draft_now()
 
     @torch.inference_mode()
@@ -82,7 +91,7 @@ class MedusaDrafter(Drafter):
         # 1. Only the part of the tree that fits the budget (nodes are sorted by depth: a prefix).
         self.first_tokens = None
         n = self.buffers.nodes_within(state.budget)
-        if n == 0 or not self._gate_open():
+        if n == 0 or not self._gate_open(len(state.tokens)):
             return Candidates.empty(state.device)
         if state.features is None or state.features.dim() != 2 or state.features.shape[1] != self.heads.hidden_size:
             raise ValueError(f"MedusaDrafter needs the target's last hidden states of shape "
