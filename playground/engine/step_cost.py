@@ -178,6 +178,11 @@ def engine_step_cost(engine) -> StepCost:
     return engine.persistent("step_cost", measure)
 
 
+def learned_key(params: dict) -> str:
+    """The part of a ``learned/<owner>/...`` key that names a method's knobs (sorted ``k=v`` pairs)."""
+    return ",".join(f"{k}={params[k]}" for k in sorted(params))
+
+
 def build_with_budget(engine, params: dict, make, owner: str | None = None):
     """``make(params without budget)``, with ``budget_cost`` set when the ``budget`` knob is ``auto``,
     and its acceptance estimator (an ``estimator`` attribute) replaced by the engine's one for this
@@ -187,7 +192,7 @@ def build_with_budget(engine, params: dict, make, owner: str | None = None):
     (:class:`~playground.engine.budget.GateMemory`) is replaced the same way (``learned/<owner>/gate/...``).
 
     Every method's ``build`` goes through here, so the knob means the same for all."""
-    key = ",".join(f"{k}={params[k]}" for k in sorted(params))
+    key = learned_key(params)
     params = dict(params)
     mode = params.pop("budget", BUDGET_OFF)  # a method without the knob (the baseline) has no budget
     drafter = make(params)

@@ -30,8 +30,8 @@ def _build(engine, params: dict) -> EagleDrafter:
     drafter = EagleDrafter(engine.eagle, verify_cost=cost, max_total=MAX_EAGLE_TOTAL_TOKENS, **params)
     if hasattr(engine, "persistent"):  # the gate's rate carries from one run to the next (GateMemory)
         from ..budget import GateMemory
-        key = ",".join(f"{k}={params[k]}" for k in sorted(params))
-        drafter.gate_memory = engine.persistent(f"learned/eagle/gate/{key}", GateMemory)
+        from ..step_cost import learned_key
+        drafter.gate_memory = engine.persistent(f"learned/eagle/gate/{learned_key(params)}", GateMemory)
     return drafter
 
 
