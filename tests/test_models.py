@@ -37,7 +37,7 @@ def test_default_model_loads(default):
     assert default.dtype == torch.float32 and next(default.model.parameters()).dtype == torch.float32
     assert default.device == torch.device("cpu") and default.spec == DEFAULT_TARGET
     assert default.context_length == 8192
-    assert cfg._attn_implementation == "sdpa"
+    assert cfg._attn_implementation == "playground_gqa"  # sdpa, its GQA folded (cpu_attention)
     fractions = [f for f, _ in default.stages]
     assert fractions == sorted(fractions) and fractions[0] == 0.0 and fractions[-1] == 1.0
 

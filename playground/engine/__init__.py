@@ -73,7 +73,7 @@ _EXPORTS: dict[str, str] = {
     # the per-step budget
     "apply_budget": "budget", "StepCost": "budget", "engine_step_cost": "step_cost",
     # the CPU fast paths
-    "cpu_linear": None, "half_weight_linear_layers": "cpu_linear",
+    "cpu_linear": None, "half_weight_linear_layers": "cpu_linear", "cpu_attention": None,
 }
 
 __all__ = sorted(_EXPORTS)

@@ -279,6 +279,8 @@ def load_model(spec: str, device: str | torch.device = "auto", dtype: str | torc
 
     A float32 model on a CPU gets oneDNN linear layers with pre-packed weights
     (:mod:`.cpu_linear`): multi-token verification costs far less than with PyTorch's default.
+    A CPU model with grouped-query attention gets :mod:`.cpu_attention`'s attention, which
+    verifies several queries without copying the KV cache.
 
     Raises:
         ModelLoadError: the model cannot be found, downloaded or loaded.
@@ -317,6 +319,9 @@ def load_model(spec: str, device: str | torch.device = "auto", dtype: str | torc
         if dev.type == "cpu" and dt == torch.float32:
             from .cpu_linear import pack_linear_layers
             pack_linear_layers(model)
+        if dev.type == "cpu":
+            from .cpu_attention import use_gqa_attention
+            use_gqa_attention(model)
     except ModelLoadError:
         raise
     except Exception as e:
