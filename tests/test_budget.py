@@ -123,13 +123,33 @@ def test_measure_step_cost_times_the_sizes_asked():
 
 def test_measure_step_cost_is_relative_and_non_decreasing():
     """The measured step-cost curves (chain and tree) are 1 at one query and never decrease from two
-    queries on (by at least 2 % of a plain step a query)."""
+    queries on (by at least MIN_COST_SLOPE of a plain step a query)."""
+    from playground.engine.step_cost import MIN_COST_SLOPE
+
     cost = measure_step_cost(CausalLM(tiny_llama(0)), [1, 2, 3, 4, 5], sizes=(2, 5, 9), rounds=3)
     for curve in (cost.chain, cost.tree):
         table = [curve.table[q] for q in sorted(curve.table)]
         assert table[0] == 1.0 and table[1:] == sorted(table[1:]) and set(curve.table) == {1, 2, 3, 5, 9, 17, 33, 65}
         assert set(curve.seconds) == {1, 2, 5, 9}
-        assert all(curve.table[q] >= curve.table[2] + 0.02 * (q - 2) - 1e-9 for q in curve.table if q >= 2)
+        assert all(curve.table[q] >= curve.table[2] + MIN_COST_SLOPE * (q - 2) - 1e-9 for q in curve.table if q >= 2)
+
+
+def test_fit_step_cost_follows_the_knee():
+    """The fit keeps a flat start and a steep end (one line through both misprices each), caps a
+    lone spike, pools a dip, rises at least MIN_COST_SLOPE a query and extrapolates the last segment."""
+    from playground.engine.step_cost import CURVE_SIZES, MIN_COST_SLOPE, fit_step_cost
+
+    timed = [(2, 1.08), (3, 1.09), (5, 1.10), (9, 1.17), (17, 1.37), (33, 1.84)]
+    fit = dict(zip(CURVE_SIZES, fit_step_cost(timed)))
+    assert fit[2] == pytest.approx(1.08) and fit[9] == pytest.approx(1.17) and fit[33] == pytest.approx(1.84)
+    assert fit[65] == pytest.approx(1.84 + (1.84 - 1.37) / 16 * 32)
+    spiky = dict(zip(CURVE_SIZES, fit_step_cost([(2, 1.08), (3, 1.09), (5, 1.6), (9, 1.17), (17, 1.37)])))
+    assert spiky[5] == pytest.approx(1.17) and spiky[9] == pytest.approx(1.17 + 4 * MIN_COST_SLOPE)
+    dip = fit_step_cost([(2, 1.1), (3, 1.14), (5, 1.12), (9, 1.3)], sizes=(2, 3, 5, 9))
+    assert dip == sorted(dip) and dip[0] == pytest.approx(1.1) and dip[-1] == pytest.approx(1.3)
+    flat = fit_step_cost([(2, 1.05), (9, 1.05)], sizes=(2, 9))
+    assert flat[1] == pytest.approx(1.05 + 7 * MIN_COST_SLOPE)
+    assert fit_step_cost([], sizes=(2, 5)) == pytest.approx([1 + MIN_COST_SLOPE, 1 + 4 * MIN_COST_SLOPE])
 
 
 @pytest.mark.parametrize("method", ["prompt_lookup", "lookahead", "suffix", "recycling", "mixture", "draft_model"])
