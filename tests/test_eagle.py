@@ -223,6 +223,30 @@ def test_unrolled_training_equals_drafting():
             assert torch.allclose(got, want, atol=1e-4), (t, j, float((got - want).abs().max()))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_step_last_only_equals_the_full_step(seed):
+    """``step(last_only=True)`` (the catch-up over committed positions) gives the full step's last
+    logits and output, and leaves the same keys and values in the cache, after a prefix and alone."""
+    model = tiny_llama(40 + seed, num_layers=3)
+    head = tiny_head(model, 60 + seed)
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(9, head.hidden_size, generator=g)
+    ids = torch.randint(0, 64, (9,), generator=g)
+    caches = [head.new_cache(), head.new_cache()]
+    with torch.no_grad():
+        for start, stop in ((0, 5), (5, 9)):  # a prefill, then a catch-up after it
+            n, past = stop - start, start
+            attend = torch.ones(n, past + n, dtype=torch.bool)
+            attend[:, past:] = torch.ones(n, n, dtype=torch.bool).tril()
+            args = (hidden[start:stop], ids[start:stop], torch.arange(start, stop), attend)
+            full_logits, full_out = head.step(caches[0], *args)
+            last_logits, last_out = head.step(caches[1], *args, last_only=True)
+            assert last_logits.shape == (1, head.draft_vocab_size) and last_out.shape == (1, head.hidden_size)
+            assert torch.allclose(last_logits, full_logits[-1:], atol=1e-5)
+            assert torch.allclose(last_out, full_out[-1:], atol=1e-5)
+            assert torch.equal(caches[0].keys, caches[1].keys) and torch.equal(caches[0].values, caches[1].values)
+
+
 def test_checkpoint_round_trip_in_vllm_layout(tmp_path):
     """save_eagle writes vLLM's EAGLE-3 names and config fields; read_eagle gives the same head."""
     model = tiny_llama(41, num_layers=3)

@@ -120,7 +120,7 @@ class EagleDrafter(Drafter):
         positions = torch.arange(self.committed, n, device=dev)
         attend = torch.ones(want, self.committed + want, dtype=torch.bool, device=dev)
         attend[:, self.committed:] = torch.ones(want, want, dtype=torch.bool, device=dev).tril()
-        logits, out = head.step(self.cache, hidden, ids, positions, attend)
+        logits, out = head.step(self.cache, hidden, ids, positions, attend, last_only=True)
         self.committed = n
         return logits[-1], out[-1], n - 1
 

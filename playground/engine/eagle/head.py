@@ -78,15 +78,15 @@ class EagleLayer(nn.Module):
         self.hidden_norm = RMSNorm(hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(hidden_size, eps)
 
-    def qkv(self, embed: torch.Tensor, hidden: torch.Tensor):
-        """``embed``, ``hidden`` ``(..., n, hidden_size)`` -> q ``(..., heads, n, d)``; k, v
-        ``(..., kv_heads, n, d)``."""
+    def qkv(self, embed: torch.Tensor, hidden: torch.Tensor, q_rows: slice = slice(None)):
+        """``embed``, ``hidden`` ``(..., n, hidden_size)`` -> q ``(..., heads, n_q, d)`` for the rows
+        ``q_rows`` (default all n); k, v ``(..., kv_heads, n, d)``."""
         x = torch.cat([self.input_layernorm(embed), self.hidden_norm(hidden)], -1)
         a = self.self_attn
 
         def split(t, heads):
             return t.unflatten(-1, (heads, self.head_dim)).transpose(-3, -2)
-        return (split(a.q_proj(x), self.num_heads), split(a.k_proj(x), self.num_kv_heads),
+        return (split(a.q_proj(x[..., q_rows, :]), self.num_heads), split(a.k_proj(x), self.num_kv_heads),
                 split(a.v_proj(x), self.num_kv_heads))
 
     def finish(self, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -168,7 +168,7 @@ class EagleHead(nn.Module):
         return DraftCache(self)
 
     def step(self, cache: "DraftCache", hidden: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
-             attend: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+             attend: torch.Tensor, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Add ``n`` entries to ``cache`` and return their logits and pre-norm outputs.
 
         Args:
@@ -176,25 +176,31 @@ class EagleHead(nn.Module):
             token_ids: ``(n,)`` target ids of the tokens after each entry's position.
             positions: ``(n,)`` position ids.
             attend: ``(n, len(cache) + n)`` bool: which cached and new entries each new one sees.
+            last_only: the output of the last entry only. The others still enter the cache, but
+                need only their keys and values: catching up over a prompt of n tokens then costs
+                the k/v projections of n rows, not the whole layer and output layer over n rows
+                (on a CPU, hundreds of ms over a 1000-token passage).
 
         Returns:
-            ``(n, draft_vocab_size)`` float32 logits and ``(n, hidden_size)`` outputs.
+            ``(n, draft_vocab_size)`` float32 logits and ``(n, hidden_size)`` outputs (``(1, ...)``
+            with ``last_only``).
         """
         n = token_ids.shape[0]
         if hidden.shape != (n, self.hidden_size) or positions.shape != (n,) or attend.shape != (n, len(cache) + n):
             raise ValueError(f"hidden ({n}, {self.hidden_size}), positions ({n},) and attend ({n}, {len(cache) + n}) "
                              f"expected, got {tuple(hidden.shape)}, {tuple(positions.shape)}, {tuple(attend.shape)}")
         layer = self.midlayer
-        q, k, v = layer.qkv(self.embed_tokens(token_ids), hidden)
+        rows = slice(n - 1, n) if last_only else slice(None)
+        q, k, v = layer.qkv(self.embed_tokens(token_ids), hidden, q_rows=rows)
         cos, sin = rope_cos_sin(positions, layer.head_dim, self.rope_theta, q.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cos[rows], sin[rows]), apply_rope(k, cos, sin)
         keys, values = cache.append(k, v)
         rep = layer.num_heads // layer.num_kv_heads
-        mask = torch.zeros(attend.shape, dtype=q.dtype, device=q.device).masked_fill(~attend.to(q.device),
-                                                                                     float("-inf"))
+        mask = torch.zeros(attend[rows].shape, dtype=q.dtype, device=q.device).masked_fill(
+            ~attend[rows].to(q.device), float("-inf"))
         attn = F.scaled_dot_product_attention(q[None], keys.repeat_interleave(rep, 0)[None],
                                               values.repeat_interleave(rep, 0)[None], attn_mask=mask)[0]
-        out = layer.finish(hidden, attn)
+        out = layer.finish(hidden[rows], attn)
         return self.logits(out).float(), out
 
     # ----- training: the unrolled draft over whole sequences (training-time test) -----------------
