@@ -45,10 +45,30 @@ def test_best_subtree_equals_exhaustive_reference():
     for trial in range(400):
         parents, probs = _random_tree(rng, rng.randrange(0, 12))
         cost, extra = costs[trial % 3], (0, 0, 3)[trial % 3 == 0 and trial % 2]
-        fast, ratio = best_subtree(parents, probs, cost, extra)
-        _, ref_ratio = best_subtree_reference(parents, probs, cost, extra)
-        assert ratio == pytest.approx(ref_ratio, rel=1e-9), (parents, probs, trial)
-        assert all(parents[i] < 0 or parents[i] in fast for i in fast)
+        for rate in (None, 1.0, 1.7, 3.0):  # each step's ratio, and Dinkelbach's rule at three rates
+            fast, value = best_subtree(parents, probs, cost, extra, rate=rate)
+            _, ref_value = best_subtree_reference(parents, probs, cost, extra, rate=rate)
+            assert value == pytest.approx(ref_value, rel=1e-9, abs=1e-12), (parents, probs, trial, rate)
+            assert all(parents[i] < 0 or parents[i] in fast for i in fast)
+
+
+def test_run_rate_keeps_confident_chains_that_the_step_ratio_cuts():
+    """Dinkelbach's rule at the run's rate keeps a long confident chain's tail, which the step's own
+    ratio cuts (its next token pays only at the step's high ratio), and decides a lone weak token
+    as the ratio does (both against a plain step); RunRate starts at 1 and follows the run."""
+    cost = VerifyCost({1: 1.0, 2: 1.08, 9: 1.2, 17: 3.0})
+    parents = list(range(-1, 15))
+    probs = [0.95] * 16
+    by_ratio, _ = best_subtree(parents, probs, cost)
+    by_rate, _ = best_subtree(parents, probs, cost, rate=1.2)
+    assert len(by_rate) == 16 > len(by_ratio)
+    for p in (0.05, 0.1):
+        assert best_subtree([-1], [p], cost)[0] == best_subtree([-1], [p], cost, rate=1.0)[0] == ([0] if p > 0.08 else [])
+    from playground.engine.budget import RATE_PRIOR_STEPS, RunRate
+    rate = RunRate()
+    assert rate.value == 1.0
+    rate.observe(5, Candidates.chain([1, 2, 3, 4], "x"), cost)
+    assert rate.value == pytest.approx((RATE_PRIOR_STEPS + 5) / (RATE_PRIOR_STEPS + cost(5)))
 
 
 def test_budget_prunes_to_what_pays_and_proposes_nothing_when_nothing_does():

@@ -55,7 +55,7 @@ def replay(drafter, prompt_ids: list[int], truth: list[int], max_new_tokens: int
     Raises:
         ValueError: an empty ``truth``.
     """
-    from playground.engine import DecodeState, SamplingConfig, StepResult, apply_budget
+    from playground.engine import DecodeState, RunRate, SamplingConfig, StepResult, apply_budget
 
     if not truth:
         raise ValueError("replay needs the baseline's output (no new tokens recorded)")
@@ -63,12 +63,13 @@ def replay(drafter, prompt_ids: list[int], truth: list[int], max_new_tokens: int
     drafter.begin(list(prompt_ids))
     tokens = list(prompt_ids) + [truth[0]]
     emitted, steps, proposed, time, trace = 1, 0, 0, 1.0, []
+    run_rate = RunRate()
     while emitted < end:
         state = DecodeState(tokens, len(prompt_ids), SamplingConfig(), None, max(0, end - emitted - 1),
                             torch.device("cpu"), 1 << 30)
         cand = drafter.propose(state)
         if drafter.budget_cost is not None:
-            cand = apply_budget(cand, drafter.budget_cost, len(tokens))
+            cand = apply_budget(cand, drafter.budget_cost, len(tokens), run_rate.value)
         toks, parents = cand.tokens.tolist(), cand.parents.tolist()
         path, node = [], -1
         while emitted + len(path) < end - 1:  # the greedy verdict: follow the recorded output
@@ -83,6 +84,8 @@ def replay(drafter, prompt_ids: list[int], truth: list[int], max_new_tokens: int
         time += cost(1 + len(toks) + extras, chain, len(tokens))
         trace.append((1 + len(toks) + extras, len(path), chain, len(tokens)))
         new = [toks[i] for i in path] + [bonus]
+        if drafter.budget_cost is not None:
+            run_rate.observe(len(new), cand, drafter.budget_cost, len(tokens))
         drafter.update(StepResult(cand, path, bonus, tokens + new))
         tokens += new
         emitted += len(new)

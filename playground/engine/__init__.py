@@ -71,7 +71,7 @@ _EXPORTS: dict[str, str] = {
     "EAGLE_KNOBS": "limits", "MAX_EAGLE_DEPTH": "limits", "MAX_EAGLE_TOP_K": "limits",
     "MAX_EAGLE_TOTAL_TOKENS": "limits", "SOURCE_EAGLE": "mixture",
     # the per-step budget
-    "apply_budget": "budget", "StepCost": "budget", "engine_step_cost": "step_cost",
+    "apply_budget": "budget", "StepCost": "budget", "RunRate": "budget", "engine_step_cost": "step_cost",
     # the CPU fast paths
     "cpu_linear": None, "half_weight_linear_layers": "cpu_linear", "cpu_attention": None,
 }

@@ -10,9 +10,16 @@ yields in expectation
     E[tokens](S) = 1 + sum_{i in S} P_i            (1 = the bonus / correction token)
 
 and costs ``cost(1 + |S| + m)`` relative to a plain step, where m counts the drafter's extra
-queries (Lookahead's window) and ``cost`` is this device's measured step-cost curve. The budget
-keeps the S that maximises ``E[tokens](S) / cost(1 + |S| + m)``, and proposes nothing when no S
-beats a plain step (ratio 1).
+queries (Lookahead's window) and ``cost`` is this device's measured step-cost curve. What counts is
+the run's throughput, total tokens over total time, not one step's ratio. By Dinkelbach's method
+for fractional programs (Dinkelbach 1967, "On nonlinear fractional programming"; here a
+renewal-reward process), the steps that maximise the run's rate lambda* each maximise
+``E[tokens](S) - lambda* cost(1 + |S| + m)``; :class:`RunRate` estimates lambda* as the rate the run
+has reached so far (from 1, a plain step's). The empty S (a plain step) scores ``1 - lambda* cost(1 +
+m)``. Maximising each step's own ratio ``E / cost`` instead cuts a confident proposal where its
+next node's P falls below the step's ratio times the node's cost: on a long copy whose ratio is 5,
+nodes still accepted nine times in ten were cut there (prompt lookup with the budget then lost to
+no budget on translation and extraction).
 
 Because every ``accept_probs`` is at most 1, a child's P never exceeds its parent's, so for each
 size k the best subtree of size k is the k nodes of largest P (ties broken parents-first): the
@@ -125,13 +132,17 @@ def path_probs(parents: list[int], accept_probs: list[float]) -> list[float]:
 
 
 def best_subtree(parents: list[int], accept_probs: list[float], cost: CostLike,
-                 extra_queries: int = 0, context: int | None = None) -> tuple[list[int], float]:
-    """The parent-closed subset of nodes with the most expected tokens per unit of step time.
+                 extra_queries: int = 0, context: int | None = None,
+                 rate: float | None = None) -> tuple[list[int], float]:
+    """The parent-closed subset of nodes worth verifying: the most expected tokens less ``rate``
+    times the step's cost (or, with ``rate`` None, the most expected tokens per unit of step time).
 
     Steps: 1. P_i along every path; 2. order the nodes by P descending (ties: lower index first,
     so a parent precedes its children); 3. for each prefix size k, E = 1 + the prefix sum of P and
-    time = cost(1 + k + extra_queries) (chain cost while the prefix is one chain); 4. keep the k of
-    the best E / time (k = 0 is plain decoding, ratio ``1 / cost(1 + extra_queries)``).
+    time = cost(1 + k + extra_queries) (chain cost while the prefix is one chain); 4. the same for
+    every root-to-node path at the chain cost (a chain can beat the best tree of its size when a
+    tree mask costs more); 5. keep the best ``E - rate * time`` (or ``E / time``); the empty set is
+    plain decoding.
 
     Args:
         parents: ``num_nodes`` parent indices (-1 = root), topological order.
@@ -140,43 +151,98 @@ def best_subtree(parents: list[int], accept_probs: list[float], cost: CostLike,
         extra_queries: the drafter's extra queries riding in the pass (their cost is counted).
         context: tokens already in the context (a :class:`StepCost` with a long-context curve
             prices the queries at this length); None: the short context's curve.
+        rate: lambda, the run's tokens per plain-step time (:class:`RunRate`; see the module
+            docstring); None: each step's own ratio.
 
     Returns:
-        ``(kept node indices in increasing order, the best ratio E / time)``.
+        ``(kept node indices in increasing order, the best objective)``.
     """
     n = len(parents)
     P = path_probs(parents, [min(1.0, max(0.0, float(a))) for a in accept_probs])
     order = sorted(range(n), key=lambda i: (-P[i], i))
-    best_k, best = 0, 1.0 / _cost(cost, 1 + extra_queries, True, context)
+
+    def score(gain: float, time: float) -> float:
+        return gain / time if rate is None else gain - rate * time
+
+    best_k, best = 0, score(1.0, _cost(cost, 1 + extra_queries, True, context))
     gain, chain, last, kept_set = 1.0, True, -1, set()
     for k, i in enumerate(order, start=1):
-        if parents[i] >= 0 and parents[i] not in kept_set:  # only with P_i == 0 ties; never a better ratio
+        if parents[i] >= 0 and parents[i] not in kept_set:  # only with P_i == 0 ties; never better
             break
         kept_set.add(i)
         chain = chain and parents[i] == last
         last = i
         gain += P[i]
-        ratio = gain / _cost(cost, 1 + k + extra_queries, chain, context)
-        if ratio > best + 1e-12:
-            best_k, best = k, ratio
-    return sorted(order[:best_k]), best
+        value = score(gain, _cost(cost, 1 + k + extra_queries, chain, context))
+        if value > best + 1e-12:
+            best_k, best = k, value
+    kept = sorted(order[:best_k])
+    # A chain verifies at the chain cost (plain causal attention, no tree mask), which can beat the
+    # best tree of its size: every root-to-node path is a candidate too.
+    path_gain: list[float] = []
+    for i in range(n):
+        path_gain.append(P[i] + (path_gain[parents[i]] if parents[i] >= 0 else 0.0))
+        depth, node = 0, i
+        while node >= 0:
+            depth, node = depth + 1, parents[node]
+        value = score(1.0 + path_gain[i], _cost(cost, 1 + depth + extra_queries, True, context))
+        if value > best + 1e-12:
+            best, node, kept = value, i, []
+            while node >= 0:
+                kept.append(node)
+                node = parents[node]
+            kept.sort()
+    return kept, best
 
 
 def best_subtree_reference(parents: list[int], accept_probs: list[float], cost: CostLike,
-                           extra_queries: int = 0) -> tuple[list[int], float]:
+                           extra_queries: int = 0, rate: float | None = None) -> tuple[list[int], float]:
     """Slow obvious reference of :func:`best_subtree`: try every parent-closed subset (2^n)."""
     n = len(parents)
     P = path_probs(parents, [min(1.0, max(0.0, float(a))) for a in accept_probs])
-    best_set, best = [], 1.0 / _cost(cost, 1 + extra_queries, True)
+
+    def score(gain: float, time: float) -> float:
+        return gain / time if rate is None else gain - rate * time
+
+    best_set, best = [], score(1.0, _cost(cost, 1 + extra_queries, True))
     for mask in range(1, 1 << n):
         nodes = [i for i in range(n) if mask >> i & 1]
         if any(parents[i] >= 0 and not mask >> parents[i] & 1 for i in nodes):
             continue
         chain = all(parents[i] == (nodes[j - 1] if j else -1) for j, i in enumerate(nodes))
-        ratio = (1 + sum(P[i] for i in nodes)) / _cost(cost, 1 + len(nodes) + extra_queries, chain)
-        if ratio > best + 1e-12:
-            best_set, best = nodes, ratio
+        value = score(1 + sum(P[i] for i in nodes), _cost(cost, 1 + len(nodes) + extra_queries, chain))
+        if value > best + 1e-12:
+            best_set, best = nodes, value
     return best_set, best
+
+
+RATE_PRIOR_STEPS = 4.0
+"""Weight (in plain steps at one token each) of :class:`RunRate`'s starting rate of 1."""
+
+
+class RunRate:
+    """lambda for :func:`best_subtree`: the run's tokens per unit of modelled step time so far.
+
+    ``(RATE_PRIOR_STEPS + tokens) / (RATE_PRIOR_STEPS + step costs)`` over the run's steps, each
+    step's cost read from the same step-cost curve the budget prices with (not the wall clock, so
+    the machine's noise does not move it); it starts at 1, a plain step's rate, and follows the
+    run's whole history (Dinkelbach's lambda is the run's rate, not the latest stretch's).
+    """
+
+    def __init__(self):
+        self.tokens = self.time = RATE_PRIOR_STEPS
+
+    @property
+    def value(self) -> float:
+        return self.tokens / self.time
+
+    def observe(self, tokens: int, candidates: Candidates, cost: CostLike, context: int | None = None) -> None:
+        """Count a step that emitted ``tokens`` after verifying ``candidates`` at ``context``."""
+        m = len(candidates.extras) if candidates.extras is not None else 0
+        chain = bool(candidates.parents.numel() == 0 or
+                     bool((candidates.parents.cpu() == torch.arange(-1, len(candidates) - 1)).all()))
+        self.tokens += tokens
+        self.time += _cost(cost, 1 + len(candidates) + m, chain, context)
 
 
 def subset(candidates: Candidates, keep: list[int]) -> Candidates:
@@ -208,13 +274,15 @@ def subset(candidates: Candidates, keep: list[int]) -> Candidates:
                       extras, None if candidates.accept_probs is None else candidates.accept_probs[idx])
 
 
-def apply_budget(candidates: Candidates, cost: CostLike | None, context: int | None = None) -> Candidates:
+def apply_budget(candidates: Candidates, cost: CostLike | None, context: int | None = None,
+                 rate: float | None = None) -> Candidates:
     """The part of ``candidates`` worth verifying on this device (the loop calls it after propose).
 
     Args:
         candidates: the drafter's proposal; without ``accept_probs`` it is returned unchanged.
         cost: this device's step cost (:class:`StepCost`, or any n -> relative cost); None: unchanged.
         context: tokens in the context before this step's queries (see :func:`best_subtree`).
+        rate: the run's rate so far (:class:`RunRate`); None: each step's own ratio.
 
     Returns:
         The kept subtree (:func:`best_subtree`), its extras kept; empty candidates when no
@@ -223,7 +291,7 @@ def apply_budget(candidates: Candidates, cost: CostLike | None, context: int | N
     if cost is None or candidates.accept_probs is None or len(candidates) == 0:
         return candidates
     m = len(candidates.extras) if candidates.extras is not None else 0
-    keep, _ = best_subtree(candidates.parents.tolist(), candidates.accept_probs.tolist(), cost, m, context)
+    keep, _ = best_subtree(candidates.parents.tolist(), candidates.accept_probs.tolist(), cost, m, context, rate)
     return subset(candidates, keep)
 
 
@@ -444,6 +512,6 @@ def with_budget_knob(knobs: tuple) -> tuple:
     return tuple(knobs) + (BUDGET_KNOB,)
 
 
-__all__ = ["BUDGET_KNOB", "BUDGET_AUTO", "BUDGET_OFF", "StepCost", "DraftGate", "best_subtree",
+__all__ = ["BUDGET_KNOB", "BUDGET_AUTO", "BUDGET_OFF", "StepCost", "DraftGate", "best_subtree", "RunRate",
            "best_subtree_reference", "subset", "apply_budget", "AcceptanceEstimator", "node_paths", "GateMemory",
            "probability_bin", "path_probs", "with_budget_knob"]

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import torch
 
-from .budget import apply_budget
+from .budget import RunRate, apply_budget
 from .detok import IncrementalDetokenizer
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_TARGET, RunStats, StepEvent, StepTree
@@ -200,6 +200,7 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
                      seconds=target.clock() - t0)
     event.tree = StepTree([], [], [], [], [], first, 0.0, event.seconds)
     step = 0
+    run_rate = RunRate()  # the budget's lambda: this run's tokens per unit of modelled step time
     while not event.finished:
         yield event
         if cancel is not None and cancel.is_set():
@@ -214,8 +215,9 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         state = DecodeState(out.tokens, len(prompt_ids), sampling, generator, max(budget, 0), target.device,
                             target.vocab_size, features=feats)
         cand = drafter.propose(state)
+        context = len(out.tokens)
         if drafter.budget_cost is not None:  # the per-step budget: keep what pays on this device
-            cand = apply_budget(cand, drafter.budget_cost, len(out.tokens))
+            cand = apply_budget(cand, drafter.budget_cost, context, run_rate.value)
         depth = max(cand.depths()) if len(cand) else 0
         if depth > state.budget:
             raise RuntimeError(f"{type(drafter).__name__} proposed a tree deeper than the budget {state.budget}")
@@ -231,6 +233,8 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         CausalLM.keep(cache, past_len, rows)
         feats = feats[rows] if feats is not None else None
         new = [int(cand.tokens[c]) for c in verdict.path] + [verdict.bonus_token]
+        if drafter.budget_cost is not None:
+            run_rate.observe(len(new), cand, drafter.budget_cost, context)
         sources = [cand.sources[c] for c in verdict.path] + [SOURCE_TARGET]
         drafter.update(StepResult(cand, verdict.path, verdict.bonus_token, out.tokens + new, extra_logits,
                                   logits=logits))
