@@ -6,15 +6,16 @@ transformers' ``sdpa`` attention (``integrations/sdpa_attention.py``) handles on
 folding the ``n_rep = H / H_kv`` query heads of a group into rows of its key/value head; for
 several queries with a mask on a CPU it repeats the keys and values ``n_rep`` times instead
 (``repeat_kv``), a copy of the whole cache in every layer at every verification step. On the
-default model (30 layers, 9 query / 3 KV heads, float32, 2 threads, 2-vCPU AVX-512 EPYC) that
-copy made one extra verified query cost +7 ms after 1024 cached tokens, against +1.5 ms after 64.
+default model (30 layers, 9 query / 3 KV heads, float32, 2 threads, 2-vCPU AVX-512 EPYC) one extra
+verified query then cost +8.5 ms after 1024 cached tokens (one plain step 24 ms), against +2 ms
+after 64.
 
 :func:`gqa_attention` folds the query heads for any number of queries: query ``(B, H, q, d)``
 becomes ``(B, H_kv, n_rep * q, d)`` (row ``r * q + i`` = query i of head ``kv * n_rep + r``, the
 head ``repeat_kv`` would pair with key/value head ``kv``) and the ``(B, 1, q, kv_len)`` mask is
 tiled ``n_rep`` times along its rows. Same arithmetic, no copy of the cache: measured on that
-machine, a step over 2 / 5 / 9 queries after 1024 tokens went from 35.2 / 36.8 / 43.0 ms to
-31.2 / 33.1 / 39.0 ms (one plain step 28 ms), identical logits.
+machine (lower quartile of 16, interleaved), a step over 2 / 5 / 9 queries after 1024 tokens went
+from 32.5 / 36.9 / 43.9 ms to 29.1 / 32.3 / 38.5 ms, identical logits.
 
 :func:`use_gqa_attention` switches a CPU model's ``sdpa`` attention to it (transformers'
 ``AttentionInterface``); set ``PLAYGROUND_GQA_ATTENTION=0`` to keep transformers' own.
