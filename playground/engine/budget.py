@@ -10,16 +10,12 @@ yields in expectation
     E[tokens](S) = 1 + sum_{i in S} P_i            (1 = the bonus / correction token)
 
 and costs ``cost(1 + |S| + m)`` relative to a plain step, where m counts the drafter's extra
-queries (Lookahead's window) and ``cost`` is this device's measured step-cost curve. What counts is
-the run's throughput, total tokens over total time, not one step's ratio. By Dinkelbach's method
-for fractional programs (Dinkelbach 1967, "On nonlinear fractional programming"; here a
-renewal-reward process), the steps that maximise the run's rate lambda* each maximise
-``E[tokens](S) - lambda* cost(1 + |S| + m)``; :class:`RunRate` estimates lambda* as the rate the run
-has reached so far (from 1, a plain step's). The empty S (a plain step) scores ``1 - lambda* cost(1 +
-m)``. Maximising each step's own ratio ``E / cost`` instead cuts a confident proposal where its
-next node's P falls below the step's ratio times the node's cost: on a long copy whose ratio is 5,
-nodes still accepted nine times in ten were cut there (prompt lookup with the budget then lost to
-no budget on translation and extraction).
+queries (Lookahead's window) and ``cost`` is this device's measured step-cost curve. What counts
+is the run's throughput, not one step's ratio: by Dinkelbach's method for fractional programs
+(Dinkelbach 1967, "On nonlinear fractional programming") the steps that maximise the run's rate
+lambda each maximise ``E[tokens](S) - lambda cost(1 + |S| + m)``, lambda estimated by
+:class:`RunRate`; the empty S, a plain step, scores ``1 - lambda cost(1 + m)``. Maximising each
+step's own ratio E / cost instead cut long confident copies short (docs/budget.md, item 3).
 
 Because every ``accept_probs`` is at most 1, a child's P never exceeds its parent's, so for each
 size k the best subtree of size k is the k nodes of largest P (ties broken parents-first): the
@@ -131,6 +127,10 @@ def path_probs(parents: list[int], accept_probs: list[float]) -> list[float]:
     return out
 
 
+def _score(gain: float, time: float, rate: float | None) -> float:
+    return gain / time if rate is None else gain - rate * time
+
+
 def best_subtree(parents: list[int], accept_probs: list[float], cost: CostLike,
                  extra_queries: int = 0, context: int | None = None,
                  rate: float | None = None) -> tuple[list[int], float]:
@@ -160,11 +160,7 @@ def best_subtree(parents: list[int], accept_probs: list[float], cost: CostLike,
     n = len(parents)
     P = path_probs(parents, [min(1.0, max(0.0, float(a))) for a in accept_probs])
     order = sorted(range(n), key=lambda i: (-P[i], i))
-
-    def score(gain: float, time: float) -> float:
-        return gain / time if rate is None else gain - rate * time
-
-    best_k, best = 0, score(1.0, _cost(cost, 1 + extra_queries, True, context))
+    best_k, best = 0, _score(1.0, _cost(cost, 1 + extra_queries, True, context), rate)
     gain, chain, last, kept_set = 1.0, True, -1, set()
     for k, i in enumerate(order, start=1):
         if parents[i] >= 0 and parents[i] not in kept_set:  # only with P_i == 0 ties; never better
@@ -173,19 +169,17 @@ def best_subtree(parents: list[int], accept_probs: list[float], cost: CostLike,
         chain = chain and parents[i] == last
         last = i
         gain += P[i]
-        value = score(gain, _cost(cost, 1 + k + extra_queries, chain, context))
+        value = _score(gain, _cost(cost, 1 + k + extra_queries, chain, context), rate)
         if value > best + 1e-12:
             best_k, best = k, value
     kept = sorted(order[:best_k])
-    # A chain verifies at the chain cost (plain causal attention, no tree mask), which can beat the
-    # best tree of its size: every root-to-node path is a candidate too.
+    # Every root-to-node path at the chain cost (no tree mask), which can beat the best tree of its size.
     path_gain: list[float] = []
+    depth: list[int] = []
     for i in range(n):
         path_gain.append(P[i] + (path_gain[parents[i]] if parents[i] >= 0 else 0.0))
-        depth, node = 0, i
-        while node >= 0:
-            depth, node = depth + 1, parents[node]
-        value = score(1.0 + path_gain[i], _cost(cost, 1 + depth + extra_queries, True, context))
+        depth.append(1 + (depth[parents[i]] if parents[i] >= 0 else 0))
+        value = _score(1.0 + path_gain[i], _cost(cost, 1 + depth[i] + extra_queries, True, context), rate)
         if value > best + 1e-12:
             best, node, kept = value, i, []
             while node >= 0:
@@ -200,34 +194,25 @@ def best_subtree_reference(parents: list[int], accept_probs: list[float], cost: 
     """Slow obvious reference of :func:`best_subtree`: try every parent-closed subset (2^n)."""
     n = len(parents)
     P = path_probs(parents, [min(1.0, max(0.0, float(a))) for a in accept_probs])
-
-    def score(gain: float, time: float) -> float:
-        return gain / time if rate is None else gain - rate * time
-
-    best_set, best = [], score(1.0, _cost(cost, 1 + extra_queries, True))
+    best_set, best = [], _score(1.0, _cost(cost, 1 + extra_queries, True), rate)
     for mask in range(1, 1 << n):
         nodes = [i for i in range(n) if mask >> i & 1]
         if any(parents[i] >= 0 and not mask >> parents[i] & 1 for i in nodes):
             continue
         chain = all(parents[i] == (nodes[j - 1] if j else -1) for j, i in enumerate(nodes))
-        value = score(1 + sum(P[i] for i in nodes), _cost(cost, 1 + len(nodes) + extra_queries, chain))
+        value = _score(1 + sum(P[i] for i in nodes), _cost(cost, 1 + len(nodes) + extra_queries, chain), rate)
         if value > best + 1e-12:
             best_set, best = nodes, value
     return best_set, best
 
 
-RATE_PRIOR_STEPS = 4.0
-"""Weight (in plain steps at one token each) of :class:`RunRate`'s starting rate of 1."""
+RATE_PRIOR_STEPS = 4.0  # weight, in plain steps of one token each, of RunRate's starting rate of 1
 
 
 class RunRate:
-    """lambda for :func:`best_subtree`: the run's tokens per unit of modelled step time so far.
-
-    ``(RATE_PRIOR_STEPS + tokens) / (RATE_PRIOR_STEPS + step costs)`` over the run's steps, each
-    step's cost read from the same step-cost curve the budget prices with (not the wall clock, so
-    the machine's noise does not move it); it starts at 1, a plain step's rate, and follows the
-    run's whole history (Dinkelbach's lambda is the run's rate, not the latest stretch's).
-    """
+    """lambda for :func:`best_subtree`: ``(RATE_PRIOR_STEPS + tokens) / (RATE_PRIOR_STEPS + step
+    costs)`` over the run so far, each step priced on the budget's curve (not the noisy wall clock);
+    from 1, a plain step's rate, over the run's whole history (Dinkelbach's lambda is the run's)."""
 
     def __init__(self):
         self.tokens = self.time = RATE_PRIOR_STEPS
@@ -239,10 +224,8 @@ class RunRate:
     def observe(self, tokens: int, candidates: Candidates, cost: CostLike, context: int | None = None) -> None:
         """Count a step that emitted ``tokens`` after verifying ``candidates`` at ``context``."""
         m = len(candidates.extras) if candidates.extras is not None else 0
-        chain = bool(candidates.parents.numel() == 0 or
-                     bool((candidates.parents.cpu() == torch.arange(-1, len(candidates) - 1)).all()))
         self.tokens += tokens
-        self.time += _cost(cost, 1 + len(candidates) + m, chain, context)
+        self.time += _cost(cost, 1 + len(candidates) + m, candidates.is_chain, context)
 
 
 def subset(candidates: Candidates, keep: list[int]) -> Candidates:
