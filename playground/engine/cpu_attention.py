@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 ATTENTION_NAME = "playground_gqa"
 """The name registered with transformers' ``AttentionInterface`` and ``AttentionMaskInterface``."""
@@ -48,8 +49,6 @@ def gqa_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.T
         needs ``is_causal``), with one query, without GQA or with a per-head mask, it is
         transformers' ``sdpa_attention_forward`` unchanged.
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     n_rep = int(getattr(module, "num_key_value_groups", 1))
     b, h, q, d = query.shape
     if (n_rep == 1 or q == 1 or attention_mask is None or attention_mask.dim() != 4

@@ -165,7 +165,7 @@ def _step_curves(target, prompt_ids: list[int], sizes: Sequence[int], rounds: in
     for shape in ("chain", "tree"):
         points = sorted((q, low(t)) for (s, q), t in times.items() if s == shape and t)
         seconds = {1: base, **dict(points)}
-        table = {1: 1.0, **{q: v for q, v in zip(CURVE_SIZES, fit_step_cost([(q, t / base) for q, t in points]))}}
+        table = {1: 1.0, **dict(zip(CURVE_SIZES, fit_step_cost([(q, t / base) for q, t in points])))}
         curves[shape] = VerifyCost(table, seconds, source=f"decoding steps verifying a {shape} of q - 1 nodes "
                                                           "(lower quartiles, a monotone piecewise-linear fit), "
                                                           "relative to plain steps")

@@ -196,8 +196,8 @@ class EagleHead(nn.Module):
         q, k = apply_rope(q, cos[rows], sin[rows]), apply_rope(k, cos, sin)
         keys, values = cache.append(k, v)
         rep = layer.num_heads // layer.num_kv_heads
-        mask = torch.zeros(attend[rows].shape, dtype=q.dtype, device=q.device).masked_fill(
-            ~attend[rows].to(q.device), float("-inf"))
+        attend = attend[rows].to(q.device)
+        mask = torch.zeros(attend.shape, dtype=q.dtype, device=q.device).masked_fill(~attend, float("-inf"))
         attn = F.scaled_dot_product_attention(q[None], keys.repeat_interleave(rep, 0)[None],
                                               values.repeat_interleave(rep, 0)[None], attn_mask=mask)[0]
         out = layer.finish(hidden[rows], attn)
