@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from playground.engine import Engine, GenerationSettings, MethodSpec, check_lossless  # noqa: E402
+from playground.engine import Datastore, Engine, GenerationSettings, MethodSpec, check_lossless  # noqa: E402
 
-METHODS = ("draft_model", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix", "recycling", "mixture")
+METHODS = ("draft_model", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix", "recycling", "rest", "mixture")
 
 
 @dataclass
@@ -74,7 +74,9 @@ def build_engine(device, dtype) -> Engine:
     eagle = EagleHead(eagle_cfg, torch.arange(0, 256, 2)).to(device=device, dtype=dtype).eval()
     eagle = eagle.attach_embedding(target.get_input_embeddings())
     loaded = _Loaded(target, torch.device(device), dtype)
-    return Engine(loaded, _Loaded(draft, torch.device(device), dtype), medusa=heads, eagle=eagle)
+    g = torch.Generator().manual_seed(3)  # REST's datastore: random "earlier answers" (ids on the CPU)
+    store = Datastore(torch.randint(0, 256, (16, 64), generator=g).tolist())
+    return Engine(loaded, _Loaded(draft, torch.device(device), dtype), medusa=heads, eagle=eagle, datastore=store)
 
 
 def check(device: str, dtype: torch.dtype, prompts: int, new_tokens: int) -> int:

@@ -1,4 +1,4 @@
-"""Suffix decoding, token recycling and the mixture on the real embedded model (SmolLM2-135M-Instruct,
+"""Suffix decoding, token recycling, REST and the mixture on the real embedded model (SmolLM2-135M-Instruct,
 fp32, CPU): greedy output equals the autoregressive baseline token for token on benchmark prompts,
 with the budget on (this machine's measured step cost) and off, learning across the prompts; the
 streamed text equals the decoded ids."""
@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.real_model, pytest.mark.usefixtures("torch_single_thre
 
 MAX_NEW = 40
 PROMPTS = bench_prompts()[:6]
-SPECS = [MethodSpec("autoregressive"), MethodSpec("suffix"), MethodSpec("recycling"), MethodSpec("mixture"),
+SPECS = [MethodSpec("autoregressive"), MethodSpec("suffix"), MethodSpec("recycling"), MethodSpec("rest"),
+         MethodSpec("mixture"),
          MethodSpec("prompt_lookup"), MethodSpec("mixture", {"budget": "off"})]
 
 
@@ -44,4 +45,4 @@ def test_new_methods_equal_baseline_on_benchmark_prompts(real_engine):
                 assert verdict.matched, f"{label} {name} budget_off={budget_off}: {verdict.message()}"
                 assert o["text"] == tok.decode(o["ids"], skip_special_tokens=True), f"{label} {name}"
                 accepted[(name, budget_off)] = accepted.get((name, budget_off), 0) + o["acc"]
-    assert all(accepted[(m, False)] > 0 for m in ("suffix", "recycling", "mixture")), accepted
+    assert all(accepted[(m, False)] > 0 for m in ("suffix", "recycling", "rest", "mixture")), accepted

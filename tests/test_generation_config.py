@@ -161,7 +161,7 @@ def _exact_penalised_first_three(model, prompt, penalty, vocab) -> torch.Tensor:
 
 
 # ----- the default model ---------------------------------------------------------------------------
-LOSSLESS = ("draft_model", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix", "recycling", "mixture")
+LOSSLESS = ("draft_model", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix", "recycling", "rest", "mixture")
 
 
 @pytest.fixture(scope="module")

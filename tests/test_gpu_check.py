@@ -35,6 +35,7 @@ def test_bad_option_is_refused():
 def test_cpu_dry_run_checks_every_method():
     proc = _run("--device", "cpu", "--quick")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "cpu float32: 1 prompts x 8 methods, 0 mismatches" in proc.stdout
-    for method in ("draft_model", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix", "recycling", "mixture"):
+    assert "cpu float32: 1 prompts x 9 methods, 0 mismatches" in proc.stdout
+    for method in ("draft_model", "prompt_lookup", "lookahead", "medusa", "eagle", "suffix", "recycling", "rest",
+                   "mixture"):
         assert f"cpu float32 {method}" in proc.stdout

@@ -22,6 +22,7 @@ import playground.engine.decoding as decoding
 from helpers import TEST_DEVICE, TEST_DTYPE, FakeLoaded, chi_square_gof, exact_first_three, noisy_copy, sample_first_three, tiny_llama
 from playground.engine import METHODS as REGISTRY
 from playground.engine import Engine, MethodSpec, SamplingConfig
+from playground.engine.rest import Datastore
 from playground.engine.verify import Verdict
 from test_eagle import tiny_head
 from test_medusa import random_heads
@@ -42,6 +43,7 @@ METHODS = {
     "eagle": {"depth": 2, "top_k": 3, "total_tokens": "6"},
     "suffix": {},
     "recycling": {},
+    "rest": {"min_match": 1},
     "mixture": {},
     "mixture[eagle]": {"members": "eagle,suffix,prompt_lookup"},  # the mixture with the EAGLE head as a member
 }
@@ -57,8 +59,10 @@ def engine():
     heads = random_heads(target.float().cpu(), 2, scale=0.05)
     eagle = tiny_head(target, 0, draft_vocab=8, layers=(0, 1, 2))
     target.to(**where)
+    g = torch.Generator().manual_seed(4)  # REST's datastore: random "earlier answers"
+    store = Datastore(torch.randint(0, VOCAB, (8, 60), generator=g).tolist())
     return Engine(FakeLoaded(target), FakeLoaded(noisy_copy(target, 0.3, 8)), medusa=heads.to(**where),
-                  eagle=eagle.to(**where))
+                  eagle=eagle.to(**where), datastore=store)
 
 
 @pytest.fixture(scope="module")

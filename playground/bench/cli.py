@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: auto)")
     g.add_argument("--members", metavar="LIST",
                    help="mixture: comma-separated drafters merged into one tree, among suffix, prompt_lookup, "
-                        "recycling, lookahead, medusa (default: suffix,recycling,prompt_lookup)")
+                        "recycling, rest, lookahead, medusa, eagle (default: suffix,rest,recycling,prompt_lookup)")
     g.add_argument("--acceptance", choices=("exact", "typical"),
                    help="medusa: 'exact' keeps the target's output (lossless); 'typical' accepts more tokens but "
                         "may change the output, tuned by --posterior-* (default: exact)")

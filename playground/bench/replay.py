@@ -31,7 +31,7 @@ import sys
 
 import torch
 
-REPLAYABLE = ("prompt_lookup", "suffix")
+REPLAYABLE = ("prompt_lookup", "suffix", "rest")
 """Methods whose drafters read only tokens (a mixture may combine them)."""
 
 

@@ -70,6 +70,8 @@ _EXPORTS: dict[str, str] = {
     "read_eagle": "eagle", "save_eagle": "eagle", "eagle_head_config": "eagle", "DEFAULT_EAGLE_DIR": "eagle",
     "EAGLE_KNOBS": "limits", "MAX_EAGLE_DEPTH": "limits", "MAX_EAGLE_TOP_K": "limits",
     "MAX_EAGLE_TOTAL_TOKENS": "limits", "SOURCE_EAGLE": "mixture",
+    # REST
+    "Datastore": "rest", "RestDrafter": "rest", "read_answers": "rest", "DEFAULT_DATASTORE_DIR": "rest",
     # the per-step budget
     "apply_budget": "budget", "StepCost": "budget", "RunRate": "budget", "engine_step_cost": "step_cost",
     # the CPU fast paths

@@ -30,6 +30,8 @@ MISSING_PART = {
               "`python -m playground.training.medusa`",
     "eagle": "no EAGLE head is loaded for {target}: start with --eagle PATH_OR_HUB_ID, or train one with "
              "`python -m playground.training.eagle`",
+    "datastore": "no REST datastore for {target}: write its answers with `python -m playground.training.tasks "
+                 "--target SPEC --out FOLDER` and set PLAYGROUND_DATASTORE=FOLDER",
 }
 """Why a method that needs a part cannot run, per part (``{target}``: the target's name)."""
 
@@ -46,9 +48,11 @@ class Engine:
         draft_medusa: optional Medusa heads of the draft: draft_model's ``proposer`` knob
             ``medusa_heads`` then drafts with one draft pass per step.
         eagle: an optional EAGLE draft head for the target.
+        datastore: an optional :class:`~playground.engine.rest.Datastore` for ``rest``; None: read
+            when ``rest`` first runs (``rest.datastore_dir``).
     """
 
-    def __init__(self, target, draft=None, medusa=None, draft_medusa=None, eagle=None):
+    def __init__(self, target, draft=None, medusa=None, draft_medusa=None, eagle=None, datastore=None):
         self.target = target
         self.draft = draft
         self.target_lm = CausalLM(target.model)
@@ -56,6 +60,7 @@ class Engine:
         self.medusa = medusa
         self.draft_medusa = draft_medusa
         self.eagle = eagle
+        self.datastore = datastore
         self._lock = threading.RLock()  # one step (or one calibration) at a time
         self._persistent: dict[str, Any] = {}
         self.calibrations: dict[str, int] = {}
@@ -129,9 +134,12 @@ class Engine:
 
     # ----- what is loaded and what can run ----------------------------------------------------
     def loaded_parts(self) -> dict[str, bool]:
-        """Which optional parts are loaded: ``{"draft": ..., "medusa": ..., "eagle": ...}``."""
+        """Which optional parts are loaded: ``{"draft": ..., "medusa": ..., "eagle": ..., "draft_medusa": ...,
+        "datastore": ...}`` (the datastore: given, or a folder of chunks for this target, read when REST runs)."""
+        from .rest import datastore_available
+
         return {"draft": self.draft_lm is not None, "medusa": self.medusa is not None, "eagle": self.eagle is not None,
-                "draft_medusa": self.draft_medusa is not None}
+                "draft_medusa": self.draft_medusa is not None, "datastore": datastore_available(self)}
 
     def describe(self) -> dict:
         """Plain facts about the loaded models for the UI and the records: target name, spec,

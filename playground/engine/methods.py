@@ -6,7 +6,7 @@ to be imported first.
 """
 
 from . import (autoregressive, draft_model, eagle, lookahead, medusa, mixture, prompt_lookup, recycling,
-               suffix)
+               rest, suffix)
 from .registry import (BASELINE, METHODS, MethodInfo, MethodSpec, is_lossless, lossless_check_applies,
                        source_labels)
 
@@ -19,6 +19,7 @@ MODULES = (
     eagle,
     suffix,
     recycling,
+    rest,
     mixture,
 )
 """The method modules in page order; each defines ``METHOD`` (its registered :class:`MethodInfo`)."""

@@ -30,10 +30,12 @@ from .limits import ChoiceKnob
 from .registry import MethodInfo, register
 from .tree import Candidates, ExtraQueries
 
-MIXTURE_MEMBERS = ("suffix", "prompt_lookup", "recycling", "lookahead", "medusa", "eagle")
+MIXTURE_MEMBERS = ("suffix", "prompt_lookup", "recycling", "rest", "lookahead", "medusa", "eagle")
 """Drafters a mixture may hold (the deterministic ones)."""
-DEFAULT_MEMBERS = "suffix,recycling,prompt_lookup"
-EAGLE_MEMBERS = "eagle,suffix,prompt_lookup"
+DEFAULT_MEMBERS = "suffix,rest,recycling,prompt_lookup"
+TRAINING_FREE_MEMBERS = "suffix,recycling,prompt_lookup"
+"""The members that need nothing but the target (no datastore)."""
+EAGLE_MEMBERS = "eagle,rest,suffix,prompt_lookup"
 """The mixture with EAGLE: the trained head for new text, the two copying drafters for the rest."""
 SOURCE_EAGLE = "eagle"
 """Source tag of an EAGLE member's tokens in a mixture (EAGLE alone tags them by depth)."""
@@ -59,7 +61,7 @@ def parse_members(value) -> str:
 
 
 MEMBERS_KNOB = ChoiceKnob(
-    "members", "Members", (DEFAULT_MEMBERS, "suffix,recycling,prompt_lookup,lookahead", "suffix,recycling",
+    "members", "Members", (DEFAULT_MEMBERS, TRAINING_FREE_MEMBERS, "suffix,rest,recycling,prompt_lookup,lookahead",
                            EAGLE_MEMBERS),
     DEFAULT_MEMBERS, info="Mixture: drafters whose candidates are merged into one tree, in priority order "
                           "(a node shared by several keeps the first one's source).",
@@ -246,6 +248,7 @@ class MixtureDrafter(Drafter):
 def _build(engine, params: dict) -> MixtureDrafter:
     from .recycling import RECYCLING_METHOD, build_recycling
     from .registry import MethodSpec
+    from .rest import REST_METHOD, build_rest, datastore_available
     from .suffix import SUFFIX_METHOD, build_suffix
 
     def defaults(info) -> dict:
@@ -257,6 +260,8 @@ def _build(engine, params: dict) -> MixtureDrafter:
         for name in parse_members(p["members"]).split(","):
             if name == "medusa" and getattr(engine, "medusa", None) is None:
                 continue  # Medusa joins only when heads are loaded
+            if name == "rest" and p["members"] == DEFAULT_MEMBERS and not datastore_available(engine):
+                continue  # the default mixture runs on any target; REST joins where a datastore exists
             if name == "eagle":
                 if getattr(engine, "eagle", None) is None:
                     raise ValueError("mixture member eagle needs an EAGLE head: pass --eagle PATH_OR_HUB_ID (the "
@@ -271,6 +276,8 @@ def _build(engine, params: dict) -> MixtureDrafter:
                 members.append((name, build_suffix(engine, defaults(SUFFIX_METHOD), owner=owner)))
             elif name == "recycling":
                 members.append((name, build_recycling(engine, defaults(RECYCLING_METHOD), owner=owner)))
+            elif name == "rest":
+                members.append((name, build_rest(engine, defaults(REST_METHOD), owner=owner)))
             else:
                 member = engine.make_drafter(MethodSpec(name, {"budget": "off"}))
                 if isinstance(getattr(member, "estimator", None), AcceptanceEstimator):  # calibration of its own
@@ -286,6 +293,6 @@ METHOD = MIXTURE_METHOD = register(MethodInfo(
                 "optionally Lookahead, Medusa or EAGLE) merged into one tree, pruned to this device's budget and "
                 "verified in one pass; each token keeps the colour of the drafter that proposed it.",
     lossless=True, knobs=with_budget_knob((MEMBERS_KNOB,)),
-    sources=(SOURCE_TARGET, "suffix", "recycling", SOURCE_PROMPT_LOOKUP, SOURCE_LOOKAHEAD, "medusa_head_1",
+    sources=(SOURCE_TARGET, "suffix", "recycling", "rest", SOURCE_PROMPT_LOOKUP, SOURCE_LOOKAHEAD, "medusa_head_1",
              SOURCE_EAGLE),
     source_labels={SOURCE_EAGLE: "EAGLE (in a mixture)"}, build=_build, learns_across_runs=True))

@@ -40,6 +40,9 @@ DRAFTER_TERMS: tuple[tuple[str, str], ...] = (
     ("earlier outputs in the cache", "Suffix decoding: earlier answers kept to copy from (0 on a first run)."),
     ("matches in this answer / in earlier outputs", "Suffix decoding: steps with an accepted guess copied from "
                                                     "this answer so far, or from an earlier answer."),
+    ("tokens in the datastore", "REST: tokens of the target's own earlier answers it retrieves from (fixed; "
+                                "this run adds none)."),
+    ("steps with a datastore hit", "REST: steps where the target accepted at least one retrieved token."),
     ("tokens accepted from …", "Mixture: accepted guesses counted by the drafter that proposed them."),
     ("mean tree nodes per step", "EAGLE: candidate tokens the target checked in one pass, on average."),
     ("Per-head acceptance", "Medusa: for each head (head k guesses the token k places ahead), the share of steps "

@@ -22,6 +22,7 @@ SOURCE_COLORS: dict[str, str] = {
     "medusa_head_4": "#fca5a5", "medusa_head_5": "#d6d3d1",
     "suffix": "#f3cfa4",         # tan: from a suffix tree (this request's or the global cache)
     "recycling": "#c9d6a3",      # sage: from the token-recycling adjacency table
+    "rest": "#ccc8f2",           # periwinkle: retrieved from the REST datastore
     "eagle": "#6ee7c5",          # teal: EAGLE's head as a mixture member (alone, its depths have a ramp)
     # EAGLE: by draft depth, a ramp from pale lime (depth 1) through teal and blue to rose (depth 10)
     "eagle_d1": "#e9f5a0", "eagle_d2": "#bdf0dc", "eagle_d3": "#7ee0d0", "eagle_d4": "#a5f3fc",
@@ -35,6 +36,7 @@ draft's green and EAGLE's depth 1, the suffix tan and the recycling sage are far
 
 _SOURCE_WORDS = {"target": "the target", "draft": "the draft model", "prompt_lookup": "prompt lookup",
                  "lookahead": "Lookahead", "suffix": "suffix decoding", "recycling": "token recycling",
+                 "rest": "the REST datastore",
                  "eagle": "the EAGLE head"}
 """Sources as a word in a sentence (``accepted from prompt lookup``)."""
 
@@ -152,6 +154,8 @@ DRAFTER_INFO_LABELS: dict[str, tuple[str, str]] = {
     "local_hits": ("match in this answer", "matches in this answer"),
     "global_hits": ("match in earlier outputs", "matches in earlier outputs"),
     "mean_tree_nodes": ("mean tree node per step", "mean tree nodes per step"),
+    "datastore_tokens": ("token in the datastore", "tokens in the datastore"),
+    "datastore_hits": ("step with a datastore hit", "steps with a datastore hit"),
 }
 """How the drafters' own counts (``RunStats.drafter``) read in the stats line: ``(singular, plural)``."""
 

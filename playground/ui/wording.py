@@ -16,6 +16,8 @@ MISSING_PART_TEXT = {
     "medusa": "no Medusa heads are loaded for {target}: Medusa needs heads trained on this target, loaded with it",
     "eagle": "no EAGLE head is loaded for {target}: EAGLE-3 needs a draft head trained on this target, loaded "
              "with it",
+    "datastore": "no REST datastore for {target}: REST retrieves from this target's own earlier answers, which "
+                 "ship only for the default model (PLAYGROUND_DATASTORE names a folder of them for another)",
 }
 """Why a method that needs a part cannot run, per part, in page terms (``{target}``: the target's name)."""
 
