@@ -24,8 +24,8 @@ def _counts(tree: SuffixTree) -> dict:
     out = {}
 
     def walk(node, path):
-        for t, child in node.children.items():
-            out[path + (t,)] = child.count
+        for t, child in tree.children(node).items():
+            out[path + (t,)] = tree.count(child)
             walk(child, path + (t,))
     walk(tree.root, ())
     return out
@@ -72,7 +72,7 @@ def test_global_cache_is_bounded_and_forgets_the_oldest():
     cache = SuffixCache(max_depth=4, max_outputs=2)
     for out in ([1, 2, 3], [4, 5, 6], [7, 8, 9]):
         cache.add(out)
-    assert len(cache) == 2 and cache.tree.node([1]) is None and cache.tree.node([7, 8]).count == 1
+    assert len(cache) == 2 and cache.tree.node([1]) is None and cache.tree.count(cache.tree.node([7, 8])) == 1
 
 
 def test_learns_across_runs_from_the_global_cache():
@@ -91,3 +91,18 @@ def test_greedy_equals_baseline_over_many_seeds():
     """24 prompts on 4 tiny models, budget off and on: greedy suffix decoding equals the baseline
     token for token; tokens were both accepted and rejected, some steps accepted several."""
     checks.greedy_sweep(factory)
+
+
+def test_trie_nodes_are_not_garbage_collector_objects():
+    """A trie of thousands of nodes adds no object that Python's cyclic collector tracks (its nodes are
+    ints in lists and int-only dicts), so full collections do not slow down as the global cache grows."""
+    import gc
+
+    tree = SuffixTree(8)
+    gc.collect()
+    before = len(gc.get_objects())
+    rng = random.Random(0)
+    tree.extend(0, [rng.randrange(50) for _ in range(2000)])
+    assert tree.num_nodes() > 5000
+    assert not any(gc.is_tracked(k) for k in tree.kids)
+    assert len(gc.get_objects()) - before < 50
