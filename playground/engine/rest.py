@@ -97,7 +97,7 @@ class Datastore:
     Raises:
         ValueError: a token id outside ``[0, MAX_TOKEN_ID]``.
 
-    Memory: about 36 bytes a corpus token (a million tokens: 36 MB).
+    Memory: 40 bytes a corpus token (a million tokens: 40 MB).
     """
 
     def __init__(self, sequences: Iterable[Sequence[int]]):
