@@ -180,3 +180,26 @@ def test_mixture_with_eagle_equals_baseline_on_real_prompts(real_target):
         verdict = check_lossless(out["autoregressive"]["ids"], out["autoregressive"]["margins"], out["mixture"]["ids"])
         assert verdict.matched, f"{label}: {verdict.message()}"
     assert from_eagle > 0
+
+
+def test_rest_member_joins_where_a_datastore_exists(monkeypatch):
+    """On a target without a datastore the presets (the default included) run without REST, a list that
+    names rest explicitly is a clear error, and the page's method list leaves rest out; with a datastore
+    given, the default mixture has REST as a member."""
+    from helpers import FakeLoaded, tiny_llama
+    from playground.engine import Datastore, Engine, MethodSpec
+    from playground.engine.mixture import DEFAULT_MEMBERS, EAGLE_MEMBERS
+    from playground.engine.rest import DATASTORE_ENV
+
+    monkeypatch.delenv(DATASTORE_ENV, raising=False)
+    model = tiny_llama(2)
+    engine = Engine(FakeLoaded(model))
+    members = lambda e, m: [n for n, _ in e.make_drafter(MethodSpec("mixture", {"members": m})).members]  # noqa: E731
+    assert "rest" in DEFAULT_MEMBERS and "rest" in EAGLE_MEMBERS
+    assert members(engine, DEFAULT_MEMBERS) == ["suffix", "recycling", "prompt_lookup"]
+    assert "rest" not in engine.available_methods() and "PLAYGROUND_DATASTORE" in engine.unavailable_reason("rest")
+    with pytest.raises(ValueError, match="PLAYGROUND_DATASTORE=FOLDER"):
+        engine.make_drafter(MethodSpec("mixture", {"members": "suffix,rest"}))
+    with_store = Engine(FakeLoaded(model), datastore=Datastore([[1, 2, 3, 4]]))
+    assert members(with_store, DEFAULT_MEMBERS) == ["suffix", "rest", "recycling", "prompt_lookup"]
+    assert "rest" in with_store.available_methods()

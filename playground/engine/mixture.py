@@ -260,8 +260,8 @@ def _build(engine, params: dict) -> MixtureDrafter:
         for name in parse_members(p["members"]).split(","):
             if name == "medusa" and getattr(engine, "medusa", None) is None:
                 continue  # Medusa joins only when heads are loaded
-            if name == "rest" and p["members"] == DEFAULT_MEMBERS and not datastore_available(engine):
-                continue  # the default mixture runs on any target; REST joins where a datastore exists
+            if name == "rest" and p["members"] in MEMBERS_KNOB.choices and not datastore_available(engine):
+                continue  # the presets run on any target; REST joins where a datastore exists (a custom list raises)
             if name == "eagle":
                 if getattr(engine, "eagle", None) is None:
                     raise ValueError("mixture member eagle needs an EAGLE head: pass --eagle PATH_OR_HUB_ID (the "
