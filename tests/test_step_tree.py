@@ -18,7 +18,7 @@ import torch
 from helpers import FakeLoaded, low_entropy_prompt, noisy_copy, tiny_llama
 from test_eagle import tiny_head
 from test_medusa import random_heads
-from playground.engine import METHODS, Engine, GenerationSettings, MethodSpec, SamplingConfig, StepTree
+from playground.engine import METHODS, Datastore, Engine, GenerationSettings, MethodSpec, SamplingConfig, StepTree
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
@@ -29,8 +29,9 @@ MAX_NEW = 40
 @pytest.fixture(scope="module")
 def engine():
     model = tiny_llama(0, num_layers=3)
+    store = Datastore(torch.randint(0, 64, (16, 80), generator=torch.Generator().manual_seed(6)).tolist())
     return Engine(FakeLoaded(model, eos_token_ids=(EOS,)), draft=FakeLoaded(noisy_copy(model, 0.02, 1)),
-                  medusa=random_heads(model, 3, scale=0.05, seed=2), eagle=tiny_head(model, 5))
+                  medusa=random_heads(model, 3, scale=0.05, seed=2), eagle=tiny_head(model, 5), datastore=store)
 
 
 def check_tree(event) -> None:
