@@ -277,7 +277,8 @@ def datastore_available(engine) -> bool:
         folder = datastore_dir(engine)
     except ValueError:
         return False
-    return any(Path(folder).glob("chunk_*.jsonl.gz"))
+    # Asked for every method's availability: the folder is listed once per engine and folder.
+    return engine.persistent(f"datastore_available/{folder}", lambda: any(Path(folder).glob("chunk_*.jsonl.gz")))
 
 
 class RestDrafter(Drafter):
