@@ -30,8 +30,8 @@ from .run_control import StopSignals
 
 STOPS = StopSignals()
 """Stop flags of the vLLM tab's runs in flight, one per browser session."""
-MAX_NEW_TOKENS = 256
-"""Most new tokens the tab asks for (its slider's maximum)."""
+MAX_NEW_TOKENS = 1024
+"""Most new tokens the tab asks for (its slider's maximum; the servers' context is 2048)."""
 
 
 @dataclass

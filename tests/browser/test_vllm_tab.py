@@ -32,7 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "artifacts" / "screenshots" / "vllm_tab.png"
 METHODS = ("autoregressive", "prompt_lookup", "draft_model")
 PROMPT = "Repeat this list twice: apple, banana, cherry, date, elderberry, fig, grape."
-LONG_PROMPT = "Write a long story about a robot learning to paint."
+# Counting to a thousand cannot end before 1024 tokens, so Stop always lands mid-stream (a story of 256
+# tokens could finish on a fast machine before the click arrived).
+LONG_PROMPT = "Count from 1 to 1000, one number per line."
 START_TIMEOUT_MS = 480_000  # three servers on a shared 2-core machine
 RUN_TIMEOUT_MS = 180_000
 
@@ -121,9 +123,9 @@ def test_vllm_tab_runs_three_methods_and_stops(browser, vllm_page):  # noqa: F81
         for m in METHODS[1:]:
             page.locator("#vllm-methods").get_by_label(m, exact=True).uncheck()
         page.locator("#vllm-prompt textarea").fill(LONG_PROMPT)
-        max_new.fill("256")
+        max_new.fill("1024")
         max_new.press("Enter")
-        expect(max_new).to_have_value("256")
+        expect(max_new).to_have_value("1024")
         page.locator("#vllm-run").click()
         expect(page.locator("#vllm-status")).to_contain_text("autoregressive on vLLM", timeout=RUN_TIMEOUT_MS)
         expect(page.locator("#vllm-panel-autoregressive .tokens")).to_contain_text(" ", timeout=RUN_TIMEOUT_MS)
