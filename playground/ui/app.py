@@ -385,7 +385,10 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
                                                   value=model_gen["applied"].get("repetition_penalty", 1.0)))
                             gr.Markdown(model_settings_note(model_gen), elem_id="gen-from-model")
 
-                gr.HTML(guide.legend_with_guide_html(sources, source_labels()), elem_id="legend")
+                legend = gr.HTML(guide.legend_with_guide_html(sources, source_labels()), elem_id="legend")
+                # The legend lists what the session's models produce: it follows a load on the Models tab.
+                models.follow(lambda e, _key: guide.legend_with_guide_html(legend_sources(e), source_labels()),
+                              [], [legend])
                 panel_cols, panel_outputs = {}, []
                 with gr.Row(equal_height=False, elem_id="method-panels"):
                     for m, info in METHODS.items():

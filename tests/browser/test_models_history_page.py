@@ -1,7 +1,7 @@
 """The Models and History tabs in headless Chromium, on the default model.
 
 One browser tab loads the default target with itself as the draft (a real load, held at its first
-stage until the progress bar has been seen): the header and the draft model's checkbox follow,
+stage until the progress bar has been seen): the header, the legend and the draft model's checkbox follow,
 while a second browser tab keeps the server's models; the Benchmark tab offers the draft model and
 runs a tiny benchmark with it. Two short runs appear in the History tab,
 side by side, and their JSON-lines and CSV downloads read back with the benchmark's readers. A
@@ -89,6 +89,8 @@ def test_choose_models_then_history_and_downloads(browser, engine, gated_load, t
             page.goto(url)
             expect(page.locator("#header")).to_contain_text("Draft: none", timeout=60_000)
             expect(page.locator("#use-draft_model input[type=checkbox]")).to_be_disabled()
+            draft_legend = page.locator('#legend .legend-item[data-source="draft"]')
+            expect(draft_legend).to_have_count(0)  # no draft model loaded: no colour for it
             page.get_by_role("tab", name="Models").click()
             _pick(page, "models-draft", "The target itself (accepts every draft token: a check of the machinery)")
             page.locator("#models-load").click()
@@ -107,6 +109,8 @@ def test_choose_models_then_history_and_downloads(browser, engine, gated_load, t
             expect(page.locator("#use-draft_model input[type=checkbox]")).to_be_enabled()
             expect(page.locator("#use-draft_model input[type=checkbox]")).to_be_checked()
             expect(page.locator("#reason-draft_model")).to_be_hidden()
+            expect(draft_legend).to_have_count(1)  # the legend follows the load
+            expect(draft_legend).to_contain_text("draft model")
             other.goto(url)
             expect(other.locator("#header")).to_contain_text("Draft: none", timeout=60_000)
             expect(other.locator("#use-draft_model input[type=checkbox]")).to_be_disabled()
