@@ -260,6 +260,7 @@ def test_table_and_comparison_escape_user_text():
     cmp = history.compare_html(h, 1, 2)
     assert "<img" not in cmp and "Run 1" in cmp and "Run 2" in cmp
     assert cmp.count('data-method="prompt_lookup"') == 1
+    assert "<td>25%</td>" in cmp  # alpha as a percentage, as on the stats line (3 of 12 drafted accepted)
     assert "Pick two runs" in history.compare_html(h, 1, 99)
     assert history.settings_text({"max_new_tokens": 64, "temperature": 0.7, "top_p": 0.9, "top_k": 0,
                                   "seed": 3, "stop_strings": ["###"]}) == \

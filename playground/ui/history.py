@@ -188,7 +188,7 @@ def compare_html(history: list[dict], a, b) -> str:
             return ["–"] * 4
         f = method_figures(summary, m)
         return [_num(f["tokens_per_s"], "{:.1f}"), _num(f["speedup"], "{:.2f}×"), _num(f["tau"]),
-                _num(f["alpha"])]
+                _num(None if f["alpha"] is None else 100 * f["alpha"], "{:.0f}%")]  # as on the stats line
 
     head = (f'<tr><th></th><th colspan="4">Run {ea["number"]}</th><th colspan="4">Run {eb["number"]}</th></tr>'
             '<tr><th>Method</th>' + "<th>tokens/s</th><th>speedup</th><th>τ</th><th>α</th>" * 2 + "</tr>")
