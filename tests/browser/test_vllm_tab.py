@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "artifacts" / "screenshots" / "vllm_tab.png"
 METHODS = ("autoregressive", "prompt_lookup", "draft_model")
 PROMPT = "Repeat this list twice: apple, banana, cherry, date, elderberry, fig, grape."
-# Counting to a thousand cannot end before 1024 tokens, so Stop always lands mid-stream (a story of 256
-# tokens could finish on a fast machine before the click arrived).
+# A count to a thousand runs past 1024 tokens (two to four per number), so Stop lands mid-stream; a
+# 256-token story once finished on CI before the click arrived.
 LONG_PROMPT = "Count from 1 to 1000, one number per line."
 START_TIMEOUT_MS = 480_000  # three servers on a shared 2-core machine
 RUN_TIMEOUT_MS = 180_000
