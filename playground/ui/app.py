@@ -331,7 +331,6 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
     (:mod:`.models_tab`; ``lock_models``, default on Spaces, fixes them) and History tab (:mod:`.history`).
     """
     examples = load_examples()
-    sources = legend_sources(engine)
     available = {m: engine.unavailable_reason(m) is None for m in METHODS}
 
     with gr.Blocks(title=TITLE) as demo:
@@ -385,10 +384,11 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
                                                   value=model_gen["applied"].get("repetition_penalty", 1.0)))
                             gr.Markdown(model_settings_note(model_gen), elem_id="gen-from-model")
 
-                legend = gr.HTML(guide.legend_with_guide_html(sources, source_labels()), elem_id="legend")
+                def legend_html(e: Engine) -> str:
+                    return guide.legend_with_guide_html(legend_sources(e), source_labels())
+                legend = gr.HTML(legend_html(engine), elem_id="legend")
                 # The legend lists what the session's models produce: it follows a load on the Models tab.
-                models.follow(lambda e, _key: guide.legend_with_guide_html(legend_sources(e), source_labels()),
-                              [], [legend])
+                models.follow(lambda e, _key: legend_html(e), [], [legend])
                 panel_cols, panel_outputs = {}, []
                 with gr.Row(equal_height=False, elem_id="method-panels"):
                     for m, info in METHODS.items():
