@@ -42,6 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", default="interleaved.jsonl")
+    for part in ("draft", "medusa", "eagle"):
+        ap.add_argument(f"--{part}", help=f"{part} spec (folder or hub id; default: the shipped one)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     from playground.bench import WARMUP_PROMPT, load_questions
@@ -51,7 +53,8 @@ def main(argv=None) -> int:
     methods = [parse_method(m) for m in args.methods.split(",")]
     assert methods[0][1].name == "autoregressive", "the baseline goes first"
     names = {spec.name for _, spec in methods}
-    engine = Engine.load("default", dtype=args.dtype, methods=sorted(names))
+    engine = Engine.load("default", dtype=args.dtype, methods=sorted(names), draft=args.draft, medusa=args.medusa,
+                         eagle=args.eagle)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens)
     questions = load_questions(args.questions)
     if args.per_category:

@@ -304,3 +304,52 @@ def test_draft_trainer_help_describes_every_option(capsys):
                  "--seed SEED random seed"):
         assert text in out, text
     assert "(default: None)" not in out and "(default: False)" not in out
+
+
+def test_load_records_reads_the_committed_chunk_folders(tmp_path):
+    """A folder of ``chunk_*.jsonl.gz`` (as ``playground.training.tasks`` writes ``data/selfgen/``)
+    reads as its chunks in name order, each a source of its own; a gzip file reads as its text."""
+    import gzip
+
+    rows = [[{"input_ids": [1, 2, 3], "prompt_len": 1, "category": "qa"}],
+            [{"input_ids": [4, 5], "prompt_len": 1}, {"input_ids": [6, 7, 8], "prompt_len": 2}]]
+    folder = tmp_path / "selfgen"
+    folder.mkdir()
+    for k, part in reversed(list(enumerate(rows))):  # written out of order: read in name order
+        with gzip.open(folder / f"chunk_{k:05d}.jsonl.gz", "wt") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in part))
+    records = load_records(folder)
+    assert [r["input_ids"] for r in records] == [[1, 2, 3], [4, 5], [6, 7, 8]]
+    assert [r["source"] for r in records] == [str(folder / "chunk_00000.jsonl.gz")] + [str(folder / "chunk_00001.jsonl.gz")] * 2
+    assert load_records(folder / "chunk_00001.jsonl.gz") == rows[1]
+    assert load_records([folder]) == records
+    assert load_states_for([folder], records, "tiny") == [None, None, None]  # no states saved: computed
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no chunk_"):
+        load_records(tmp_path / "empty")
+
+
+def test_progress_bar_reports_on_stderr(capsys, monkeypatch):
+    """Enabled, the bar writes to stderr (tqdm, or plain lines where tqdm is missing); disabled, nothing."""
+    import builtins
+
+    from playground.training.cli import progress_bar
+
+    bar = progress_bar(3, "quiet", False)
+    bar.update(3)
+    bar.close()
+    real_import = builtins.__import__
+
+    def no_tqdm(name, *args, **kwargs):
+        if name == "tqdm":
+            raise ImportError("no tqdm here")
+        return real_import(name, *args, **kwargs)
+    for hide in (False, True):
+        with monkeypatch.context() as m:
+            if hide:
+                m.setattr(builtins, "__import__", no_tqdm)
+            bar = progress_bar(3, f"features{int(hide)}", True)
+            bar.update(3)
+            bar.close()
+    err = capsys.readouterr().err
+    assert "features0" in err and "features1: 3/3" in err and "quiet" not in err

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+import time
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -3,6 +3,7 @@ them (the target's hidden states, per batch), and the held-out split (by convers
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 from pathlib import Path
@@ -49,19 +50,44 @@ def load_answer_states(out_path: str | Path, records: list[dict], target_name: s
     return out
 
 
+def _expand(paths: str | Path | list) -> list:
+    """Files and folders -> files, a folder standing for its ``chunk_*.jsonl.gz`` in name order.
+
+    Raises:
+        FileNotFoundError: a folder without chunks.
+    """
+    out = []
+    for one in (paths if isinstance(paths, (list, tuple)) else [paths]):
+        if Path(one).is_dir():
+            chunks = sorted(Path(one).glob("chunk_*.jsonl.gz"))
+            if not chunks:
+                raise FileNotFoundError(f"no chunk_*.jsonl.gz files in the folder {one}")
+            out.extend(chunks)
+        else:
+            out.append(one)
+    return out
+
+
 def load_records(path: str | Path | list) -> list[dict]:
     """Every record of one conversations file, or of several in order (see the module docstring
     for the fields). With several files each record gets ``"source"``: its file's path.
 
+    A file may be gzip-compressed (``.gz``); a folder stands for its ``chunk_*.jsonl.gz`` files in
+    name order, as :mod:`playground.training.tasks` writes them (the committed ``data/selfgen/``).
+
     Raises:
-        FileNotFoundError: no such file; ValueError: a line lacks ``input_ids`` or ``prompt_len``.
+        FileNotFoundError: no such file, or a folder without chunks; ValueError: a line lacks
+            ``input_ids`` or ``prompt_len``.
     """
-    if isinstance(path, (list, tuple)):
-        if len(path) == 1:
-            return load_records(path[0])
-        return [dict(r, source=str(one)) for one in path for r in load_records(one)]
+    if isinstance(path, (list, tuple)) or Path(path).is_dir():
+        files = _expand(path)
+        if len(files) == 1:
+            return load_records(files[0])
+        return [dict(r, source=str(one)) for one in files for r in load_records(one)]
+    raw = Path(path).read_bytes()
+    text = (gzip.decompress(raw) if str(path).endswith(".gz") else raw).decode()
     records = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         r = json.loads(line)
@@ -73,8 +99,9 @@ def load_records(path: str | Path | list) -> list[dict]:
 
 def load_states_for(paths: str | Path | list, records: list[dict], target_name: str) -> list[torch.Tensor | None]:
     """:func:`load_answer_states` for records read by :func:`load_records` from one file or several."""
-    if not isinstance(paths, (list, tuple)) or len(paths) == 1:
-        return load_answer_states(paths[0] if isinstance(paths, (list, tuple)) else paths, records, target_name)
+    paths = _expand(paths)
+    if len(paths) == 1:
+        return load_answer_states(paths[0], records, target_name)
     by_source = {}
     for one in paths:
         part = [r for r in records if r.get("source") == str(one)]
