@@ -32,9 +32,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "artifacts" / "screenshots" / "vllm_tab.png"
 METHODS = ("autoregressive", "prompt_lookup", "draft_model")
 PROMPT = "Repeat this list twice: apple, banana, cherry, date, elderberry, fig, grape."
-# A count to a thousand runs past 1024 tokens (two to four per number), so Stop lands mid-stream; a
-# 256-token story once finished on CI before the click arrived.
-LONG_PROMPT = "Count from 1 to 1000, one number per line."
+# The default model loops on this one to the 1024-token cap (greedy, float32), so Stop lands
+# mid-stream. A 256-token story and "Count from 1 to 1000" (EOS after 122 tokens) both finished on
+# CI before the click arrived.
+LONG_PROMPT = "Write the word 'go' 600 times, separated by spaces."
 START_TIMEOUT_MS = 480_000  # three servers on a shared 2-core machine
 RUN_TIMEOUT_MS = 180_000
 
