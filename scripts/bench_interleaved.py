@@ -86,8 +86,9 @@ def main(argv=None) -> int:
             for label, spec in methods:
                 o = outs[label]
                 s = o.last.stats
-                rec = {"question_id": q.question_id, "category": q.category, "turn": 1, "method": label,
-                       "params": spec.params, "new_tokens": s.new_tokens, "steps": s.steps, "wall_s": s.elapsed_s,
+                rec = {"question_id": q.question_id, "category": q.category, "turn": 0, "method": label,
+                       "params": spec.params, "prompt_tokens": len(ids), "new_tokens": s.new_tokens,
+                       "steps": s.steps, "wall_s": s.elapsed_s,
                        "ttft_s": s.ttft_s, "tokens_per_s": s.tokens_per_s, "mean_accepted_tokens": s.tau,
                        "acceptance_rate": s.alpha, "output_ids": o.ids, "output_text": o.text}
                 f.write(json.dumps(rec) + "\n")

@@ -66,8 +66,8 @@ def bench_sequences(records: list[dict], questions: list, encode) -> list[Teache
             :meth:`~playground.engine.Engine.encode_prompt`.
 
     Raises:
-        ValueError: no baseline record, or a rebuilt prompt whose length differs from the
-        recorded ``prompt_tokens`` (another target, template or question file).
+        ValueError: no baseline record, none that matches a question, or a rebuilt prompt whose
+        length differs from the recorded ``prompt_tokens`` (another target, template or question file).
     """
     base = {(str(r["question_id"]), int(r.get("turn", 0))): r for r in records if r.get("method") == BASELINE}
     if not base:
@@ -85,6 +85,9 @@ def bench_sequences(records: list[dict], questions: list, encode) -> list[Teache
                                  f"the benchmark's had {rec['prompt_tokens']} (another target or question file?)")
             out.append(TeacherSequence(q.category, turn, prompt, list(rec["output_ids"])))
             history += [{"role": "user", "content": user}, {"role": "assistant", "content": rec["output_text"]}]
+    if not out:
+        raise ValueError(f"no {BASELINE} record matches a question of the file by question_id and 0-based turn "
+                         "(another question file?)")
     return out
 
 
