@@ -27,9 +27,9 @@ def always_packed(request, monkeypatch):
     """Run each test with one row through small layers going to F.linear and with every call
     packed (the two paths the per-shape timing chooses between)."""
     if request.param:
-        monkeypatch.setattr(cpu_linear, "ONE_ROW_PACKED_MIN", 0)
+        monkeypatch.setattr(cpu_linear, "PACKED_MIN", 0)
     else:
-        monkeypatch.setattr(cpu_linear, "ONE_ROW_TIMING", False)
+        monkeypatch.setattr(cpu_linear, "ROW_TIMING", False)
     return request.param
 
 
@@ -51,28 +51,40 @@ def test_packed_model_matches_default_layers(always_packed):
             assert (got - want).abs().max() <= 1e-4 * want.abs().max()
 
 
-def test_one_row_path_is_chosen_per_shape(monkeypatch):
-    """Packing times both paths for one row once per weight shape and thread count: layers of a
-    shape share the verdict; the size floor always packs; without timing small layers take
-    F.linear. Either path gives the same outputs within 1e-4."""
+def test_row_paths_are_chosen_per_shape(monkeypatch):
+    """Packing times both paths per weight shape and thread count, at growing row counts until the
+    packed weight wins: layers of a shape share the verdict, a timed count of TIMED_ROWS or 0; the
+    size floor always packs; without timing small layers take F.linear for one row only. Inputs
+    up to ``_plain_rows`` rows go to F.linear, larger ones packed, and both give the same outputs
+    within 1e-4."""
     model = tiny_llama(0, vocab_size=96, hidden_size=64, intermediate_size=128)
-    monkeypatch.setattr(cpu_linear, "_ONE_ROW_PLAIN", {})
+    monkeypatch.setattr(cpu_linear, "_PLAIN_ROWS", {})
     pack_linear_layers(model)
     layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
     verdicts: dict = {}
     for layer in layers:
-        assert isinstance(layer._one_row_plain, bool)
-        assert verdicts.setdefault(tuple(layer.weight.shape), layer._one_row_plain) == layer._one_row_plain
-    assert set(cpu_linear._ONE_ROW_PLAIN) == {(*shape, torch.get_num_threads()) for shape in verdicts}
-    monkeypatch.setattr(cpu_linear, "ONE_ROW_TIMING", False)
-    cpu_linear.choose_one_row_paths(layers)
-    assert all(layer._one_row_plain for layer in layers)
-    x = torch.randn(1, 64)
-    one = layers[0](x)
-    monkeypatch.setattr(cpu_linear, "ONE_ROW_PACKED_MIN", 0)
-    cpu_linear.choose_one_row_paths(layers)
-    assert not any(layer._one_row_plain for layer in layers)
-    assert torch.allclose(layers[0](x), one, atol=1e-4 * one.abs().max().item())
+        assert layer._plain_rows in (0, *cpu_linear.TIMED_ROWS)
+        assert verdicts.setdefault(tuple(layer.weight.shape), layer._plain_rows) == layer._plain_rows
+    assert set(cpu_linear._PLAIN_ROWS) == {(*shape, torch.get_num_threads()) for shape in verdicts}
+    monkeypatch.setattr(cpu_linear, "ROW_TIMING", False)
+    cpu_linear.choose_row_paths(layers)
+    assert all(layer._plain_rows == 1 for layer in layers)
+    layer = layers[0]
+    calls = []
+    monkeypatch.setattr(layer, "_packed_forward", lambda x: calls.append(x.shape[0]) or PackedLinear._packed_forward(layer, x))
+    x = torch.randn(3, 64)
+    with torch.inference_mode():  # (autograd always takes F.linear)
+        rows = [layer(x[:n]) for n in (1, 2, 3)]
+        assert calls == [2, 3]
+        layer._plain_rows = 3
+        assert all(torch.equal(layer(x[:n]), torch.nn.functional.linear(x[:n], layer.weight, layer.bias))
+                   for n in (1, 2, 3))
+        assert calls == [2, 3]
+        for n, got in zip((1, 2, 3), rows):
+            assert torch.allclose(layer(x[:n]), got, atol=1e-4 * got.abs().max().item())
+    monkeypatch.setattr(cpu_linear, "PACKED_MIN", 0)
+    cpu_linear.choose_row_paths(layers)
+    assert not any(layer._plain_rows for layer in layers)
 
 
 def test_tied_output_layer_stays_tied():

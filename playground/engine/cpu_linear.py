@@ -30,12 +30,16 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 ENV_SWITCH = "PLAYGROUND_ONEDNN"
-ONE_ROW_PACKED_MIN = 8_000_000
-"""Weights (elements) from which one row always goes through the packed weight (the 28 M output
-layer: 5 ms vs 10 on the AVX2 development machine)."""
-ONE_ROW_TIMING = True
-"""Below :data:`ONE_ROW_PACKED_MIN`, time both paths for one row once per weight shape at packing
-(:func:`choose_one_row_paths`); False: always ``F.linear`` there (the rule measured on AVX2)."""
+PACKED_MIN = 8_000_000
+"""Weights (elements) from which every call goes through the packed weight (the 28 M output
+layer: 5 ms vs 10 for one row on the AVX2 development machine)."""
+ROW_TIMING = True
+"""Below :data:`PACKED_MIN`, time both paths per weight shape and row count at packing
+(:func:`choose_row_paths`); False: one row through ``F.linear``, more through the packed weight
+(the rule measured on AVX2)."""
+TIMED_ROWS = (1, 2, 3, 4, 6, 8)
+"""Row counts at which :func:`choose_row_paths` times both paths, in order; timing a shape stops at
+the first count where the packed weight wins."""
 
 
 def onednn_available() -> bool:
@@ -83,25 +87,28 @@ class _PrepackedLinear(nn.Linear):
 class PackedLinear(_PrepackedLinear):
     """An ``nn.Linear`` whose inference forward uses oneDNN with a pre-packed weight.
 
-    Input ``(..., in_features)`` float32 on the CPU, output ``(..., out_features)``. A single
-    row through a layer under :data:`ONE_ROW_PACKED_MIN` weights may go to ``F.linear`` instead
-    (``_one_row_plain``, set by :func:`choose_one_row_paths` to whichever path is faster here,
-    timed as inside a forward pass). On an AVX-512 BF16 EPYC every layer of the default model is
-    faster packed (a one-token forward 25 ms at one thread against 35 ms through ``F.linear``).
-    So plain decoding loses nothing. When
+    Input ``(..., in_features)`` float32 on the CPU, output ``(..., out_features)``. An input of
+    at most ``_plain_rows`` rows through a layer under :data:`PACKED_MIN` weights goes to
+    ``F.linear`` instead (set by :func:`choose_row_paths` to whichever path is faster here, timed
+    as inside a forward pass). On an AVX-512 BF16 EPYC every layer of the default model is faster
+    packed (a one-token forward 25 ms at one thread against 35 ms through ``F.linear``); on a
+    Sapphire Rapids Xeon (2 threads) MKL's ``sgemm`` is faster for one to three rows (a forward
+    over 1 / 2 / 3 tokens 32 / 32 / 34 ms against 32 / 41 / 41 ms with two and three rows packed)
+    and the packed weight from four. So plain decoding loses nothing, and verifying one or two
+    candidates costs what the device really charges for them. When
     autograd needs the result (training through the layer) it falls back to ``F.linear``, so
     the layer stays trainable; the packed copy is not updated by training, so re-pack
     (:func:`pack_linear_layers`) after changing the weights.
     """
 
     def _setup(self) -> None:
-        self._one_row_plain = False  # :func:`choose_one_row_paths` decides
+        self._plain_rows = 0  # :func:`choose_row_paths` decides
 
     def repack(self) -> None:
         self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self._one_row_plain and x.numel() == self.in_features) or self._needs_autograd(x):
+        if x.numel() <= self._plain_rows * self.in_features or self._needs_autograd(x):
             return nn.functional.linear(x, self.weight, self.bias)
         return self._packed_forward(x)
 
@@ -132,65 +139,84 @@ def pack_linear_layers(model: nn.Module) -> int:
             setattr(parent, name, child)
         log.warning("oneDNN packed linear layers disagree with F.linear here; keeping the defaults")
         return 0
-    choose_one_row_paths([getattr(parent, name) for parent, name, _ in swapped])
+    choose_row_paths([getattr(parent, name) for parent, name, _ in swapped])
     return len(swapped)
 
 
-_ONE_ROW_PLAIN: dict[tuple[int, int, int], bool] = {}
-"""(out_features, in_features, threads) -> one row is faster through ``F.linear`` (timed once)."""
+_PLAIN_ROWS: dict[tuple[int, int, int], int] = {}
+"""(out_features, in_features, threads) -> up to how many rows ``F.linear`` is faster (timed once)."""
 
 
 @torch.inference_mode()
-def choose_one_row_paths(layers: list["PackedLinear"], rounds: int = 8) -> None:
-    """Set each layer's ``_one_row_plain``: whether one row is faster through ``F.linear`` (MKL's
-    matrix-vector product) than through the packed weight, on this CPU at the current thread count.
+def choose_row_paths(layers: list["PackedLinear"], rounds: int = 8) -> None:
+    """Set each layer's ``_plain_rows``: up to how many rows ``F.linear`` (MKL's ``sgemm``) is
+    faster than the packed weight, on this CPU at the current thread count.
 
-    Layers from :data:`ONE_ROW_PACKED_MIN` weights always take the packed weight; without
-    :data:`ONE_ROW_TIMING` smaller ones always take ``F.linear``. Otherwise both paths are timed
-    in *sweeps*: one row through every layer of ``layers`` in turn (model order), the small layers
-    all plain in one sweep and all packed in the next, alternating, ``rounds`` sweeps each after a
-    warm-up; each weight shape's summed time per sweep is compared by median and the verdict kept
-    per shape and thread count. Sweeping matters: a layer called in a loop finds its weight in the
-    cache, as it never does inside a forward pass. Timed that way (until 2026-12-01), the default
-    model's small layers chose ``F.linear`` on an AVX-512 BF16 EPYC and a one-token forward took
-    35 ms at one thread against 25 ms all packed (and 26 ms for two tokens), so plain decoding ran
-    slower than a speculative step and every speedup was inflated. Both paths compute the same
-    float32 products (summed in a different order), so the choice changes speed only.
+    Layers from :data:`PACKED_MIN` weights always take the packed weight; without
+    :data:`ROW_TIMING` smaller ones take ``F.linear`` for one row. Otherwise both paths are timed
+    at each row count of :data:`TIMED_ROWS` in turn, in *sweeps*: that many rows through every
+    layer of ``layers`` in turn (model order), the small layers all plain in one sweep and all
+    packed in the next, alternating, ``rounds`` sweeps each after a warm-up; each weight shape's
+    summed time per sweep is compared by median. A shape's ``_plain_rows`` is the largest timed
+    count up to which ``F.linear`` won every time (0 when it lost at one row); its timing stops
+    at its first loss. Verdicts are kept per shape and thread count. Sweeping matters: a layer
+    called in a loop finds its weight in the cache, as it never does inside a forward pass.
+    Timed that way (until 2026-12-01), the default model's small layers chose ``F.linear`` on an
+    AVX-512 BF16 EPYC and a one-token forward took 35 ms at one thread against 25 ms all packed,
+    so plain decoding ran slower than a speculative step and every speedup was inflated. Until
+    2026-12-03 only one row was timed, and two or three rows always went packed: on a Sapphire
+    Rapids Xeon that made a step verifying one candidate 1.28x a plain step where ``sgemm`` takes
+    1.01x. Both paths compute the same float32 products (summed in a different order), so the
+    choice changes speed only.
     """
     threads = torch.get_num_threads()
     small = []
     for layer in layers:
-        if layer.weight.numel() >= ONE_ROW_PACKED_MIN:
-            layer._one_row_plain = False
-        elif not ONE_ROW_TIMING:
-            layer._one_row_plain = True
+        if layer.weight.numel() >= PACKED_MIN:
+            layer._plain_rows = 0
+        elif not ROW_TIMING:
+            layer._plain_rows = 1
         else:
             small.append(layer)
     key = lambda layer: (layer.out_features, layer.in_features, threads)  # noqa: E731
-    todo = {id(layer) for layer in small if key(layer) not in _ONE_ROW_PLAIN}
-    if todo:
-        inputs = {n: torch.randn(1, n) for n in {layer.in_features for layer in layers}}
-        times: dict[str, dict[tuple, list[float]]] = {"plain": {}, "packed": {}}
-        for i in range(rounds + 1):
-            for kind in (("plain", "packed") if i % 2 == 0 else ("packed", "plain")):
-                sums: dict[tuple, float] = {}
-                for layer in layers:
-                    x = inputs[layer.in_features]
-                    plain = kind == "plain" and id(layer) in todo
-                    t0 = time.perf_counter()
-                    if plain:
-                        nn.functional.linear(x, layer.weight, layer.bias)
-                    else:
-                        layer._packed_forward(x)
-                    if id(layer) in todo:
-                        sums[key(layer)] = sums.get(key(layer), 0.0) + time.perf_counter() - t0
-                if i:  # the first pair warms up
-                    for k, v in sums.items():
-                        times[kind].setdefault(k, []).append(v)
-        for k in times["plain"]:
-            _ONE_ROW_PLAIN[k] = statistics.median(times["plain"][k]) <= statistics.median(times["packed"][k])
+    pending = {key(layer) for layer in small if key(layer) not in _PLAIN_ROWS}
+    verdict = dict.fromkeys(pending, 0)
+    for rows in TIMED_ROWS:
+        if not pending:
+            break
+        times = _time_sweeps(layers, {id(layer) for layer in small if key(layer) in pending}, key, rows, rounds)
+        for k in list(pending):
+            if statistics.median(times["plain"][k]) <= statistics.median(times["packed"][k]):
+                verdict[k] = rows
+            else:
+                pending.discard(k)
+    _PLAIN_ROWS.update(verdict)
     for layer in small:
-        layer._one_row_plain = _ONE_ROW_PLAIN[key(layer)]
+        layer._plain_rows = _PLAIN_ROWS[key(layer)]
+
+
+def _time_sweeps(layers, todo: set[int], key, rows: int, rounds: int) -> dict[str, dict[tuple, list[float]]]:
+    """Per path (``plain``, ``packed``) and weight shape, the summed seconds per sweep of ``rows``
+    rows through ``layers`` (model order), the layers in ``todo`` timed, the others run packed."""
+    inputs = {n: torch.randn(rows, n) for n in {layer.in_features for layer in layers}}
+    times: dict[str, dict[tuple, list[float]]] = {"plain": {}, "packed": {}}
+    for i in range(rounds + 1):
+        for kind in (("plain", "packed") if i % 2 == 0 else ("packed", "plain")):
+            sums: dict[tuple, float] = {}
+            for layer in layers:
+                x = inputs[layer.in_features]
+                timed = id(layer) in todo
+                t0 = time.perf_counter()
+                if kind == "plain" and timed:
+                    nn.functional.linear(x, layer.weight, layer.bias)
+                else:
+                    layer._packed_forward(x)
+                if timed:
+                    sums[key(layer)] = sums.get(key(layer), 0.0) + time.perf_counter() - t0
+            if i:  # the first pair warms up
+                for k, v in sums.items():
+                    times[kind].setdefault(k, []).append(v)
+    return times
 
 
 def _agrees(layer: nn.Linear, tolerance: float = 1e-3) -> bool:
