@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import drafter_checks as checks
-from playground.engine.budget import node_paths
+from playground.engine.budget import AcceptanceEstimator, node_paths
+from playground.engine.drafter import Drafter, StepResult
 from playground.engine.lookahead import LookaheadDrafter
-from playground.engine.mixture import MixtureDrafter, merge_candidates, parse_members, reference_merge
+from playground.engine.mixture import MixtureDrafter, merge_candidates, merged_keys, parse_members, reference_merge
 from playground.engine.prompt_lookup import PromptLookupDrafter
 from playground.engine.recycling import RecyclingDrafter
 from playground.engine.suffix import SuffixDrafter
@@ -26,7 +27,7 @@ def factory(vocab_size, budget_cost, lookahead: bool = False):
                ("prompt_lookup", PromptLookupDrafter())]
     if lookahead:
         members.append(("lookahead", LookaheadDrafter()))
-    d = MixtureDrafter(members)
+    d = MixtureDrafter(members, AcceptanceEstimator())
     d.budget_cost = budget_cost
     return d
 
@@ -54,6 +55,37 @@ def test_merge_equals_reference():
             for i, path in enumerate(node_paths(part)):
                 assert paths[mapping[i]] == path
                 assert float(merged.accept_probs[mapping[i]]) >= float(part.accept_probs[i]) - 1e-7
+
+
+class _Fixed(Drafter):
+    """Proposes the same chain every step with a fixed hopeful estimate (a member to calibrate)."""
+
+    name = source = "fixed"
+
+    def __init__(self, tokens, accept):
+        self.tokens, self.accept = tokens, accept
+
+    def propose(self, state):
+        n = len(self.tokens)
+        return Candidates(torch.tensor(self.tokens), torch.arange(-1, n - 1), [self.source] * n,
+                          accept_probs=torch.full((n,), self.accept))
+
+
+def test_merged_estimates_are_calibrated_by_verdicts():
+    """Keys count the members agreeing on a node (up to 2) and its depth; a member promising 0.95
+    whose first token the target always rejects is estimated far lower after 30 steps, and a node
+    both members propose and the target always accepts stays high."""
+    a, b = _Fixed([5, 6], 0.95), _Fixed([5, 7], 0.95)
+    d = MixtureDrafter([("a", a), ("b", b)], AcceptanceEstimator())
+    merged = d.propose(None)
+    assert merged.tokens.tolist() == [5, 6, 7] and merged.parents.tolist() == [-1, 0, 0]
+    assert merged_keys(*merge_candidates([a.propose(None), b.propose(None)])) == [(9, 1, 2), (9, 2, 1), (9, 2, 1)]
+    first = merged.accept_probs.tolist()
+    for _ in range(30):
+        c = d.propose(None)
+        d.update(StepResult(c, [0], 9, [], None))  # 5 accepted, then neither 6 nor 7
+    later = d.propose(None).accept_probs.tolist()
+    assert later[0] > 0.85 and later[1] < 0.5 and later[2] < 0.5 and first[1] == pytest.approx(0.95)
 
 
 def test_members_knob_checks_names():

@@ -180,11 +180,33 @@ class CalibratedMember(Drafter):
         return self.inner.info()
 
 
+def merged_keys(merged: Candidates, maps: list[list[int]]) -> list[tuple[int, int, int]]:
+    """The :class:`AcceptanceEstimator` key of each merged node: (bin of its merged estimate, depth
+    up to 4, members proposing it up to 2). Members that agree on a token are right more often
+    than either alone, which the merged estimate (the higher one) does not know."""
+    agree = [0] * len(merged)
+    for mapping in maps:
+        for j in mapping:
+            agree[j] += 1
+    probs = merged.accept_probs.tolist()
+    return [(probability_bin(p), min(d, 4), min(a, 2)) for p, d, a in zip(probs, merged.depths(), agree)]
+
+
 class MixtureDrafter(Drafter):
     """Several drafters' candidates in one tree (see the module docstring).
 
+    The merged tree's estimates are calibrated once more (``estimator``): each member's estimates
+    are calibrated on its own nodes, but the budget keeps the merged nodes whose estimates are
+    highest, so it picks each position's most hopeful member, and their errors add up. Measured on
+    the dev set (2 first turns of each of 4 categories, 64 tokens, Sapphire Rapids Xeon), the kept
+    trees promised 2.0-2.3 tokens a step where 1.5-1.8 came, and steps verified trees too large to
+    pay. Each merged node's estimate becomes an :class:`AcceptanceEstimator` posterior keyed by
+    :func:`merged_keys`, with the member's estimate as its prior.
+
     Args:
         members: ``(name, drafter)`` pairs in priority order; at most one may add extra queries.
+        estimator: where the merged nodes' verdicts are counted (None: the members' estimates as
+            they are).
 
     Raises:
         ValueError: no member, or a member that is not deterministic under sampling.
@@ -193,10 +215,10 @@ class MixtureDrafter(Drafter):
     name = "mixture"
     source = "mixture"
 
-    def __init__(self, members: list[tuple[str, Drafter]]):
+    def __init__(self, members: list[tuple[str, Drafter]], estimator: AcceptanceEstimator | None = None):
         if not members:
             raise ValueError("a mixture needs at least one member drafter")
-        self.members = members
+        self.members, self.estimator = members, estimator
         layers = {tuple(d.feature_layers) for _, d in members if d.feature_layers}
         if len(layers) > 1:
             raise ValueError(f"mixture members read different target features {sorted(layers)}; merge drafters that "
@@ -221,6 +243,8 @@ class MixtureDrafter(Drafter):
                 extras, owner = c.extras, k
             parts.append(Candidates(c.tokens, c.parents, c.sources, accept_probs=c.accept_probs))
         merged, maps = merge_candidates(parts)
+        if self.estimator is not None and merged.accept_probs is not None and len(merged):
+            merged.accept_probs = self.estimator.estimate(merged, merged_keys(merged, maps), merged.accept_probs.tolist())
         self.extras_owner = owner
         if extras is not None:
             merged.extras = _remap_extras(extras, maps[owner], len(merged))
@@ -228,6 +252,8 @@ class MixtureDrafter(Drafter):
         return merged
 
     def update(self, result: StepResult) -> None:
+        if self.estimator is not None:
+            self.estimator.observe(result)
         for c in result.path:
             s = result.candidates.sources[c]
             self.accepted_by[s] = self.accepted_by.get(s, 0) + 1
@@ -283,7 +309,7 @@ def _build(engine, params: dict) -> MixtureDrafter:
                 if isinstance(getattr(member, "estimator", None), AcceptanceEstimator):  # calibration of its own
                     member.estimator = engine.persistent(f"learned/{owner}/acceptance/{name}", AcceptanceEstimator)
                 members.append((name, member))
-        return MixtureDrafter(members)
+        return MixtureDrafter(members, engine.persistent(f"learned/{owner}/acceptance/merged", AcceptanceEstimator))
     return build_with_budget(engine, params, make)
 
 
