@@ -51,9 +51,10 @@ def test_fill_equals_reference_and_update_replaces_rows():
         template = static_tree(rng.randint(1, 20), k)
         root = rng.randrange(vocab)
         assert table.fill(root, template) == reference_fill(ref, root, template)
+        assert table.rows == len(ref) == int((table.table[:, 0] >= 0).sum())
     table = AdjacencyTable(5, 2)
     table.update(torch.tensor([1, 1]), torch.tensor([[2, 3], [4, 0]]))
-    assert table.table[1].tolist() == [4, 0] and table.table[2].tolist() == [-1, -1]
+    assert table.table[1].tolist() == [4, 0] and table.table[2].tolist() == [-1, -1] and table.rows == 1
 
 
 def test_update_recycles_the_pass_top_k():
@@ -62,7 +63,7 @@ def test_update_recycles_the_pass_top_k():
     target = checks.CausalLM(checks.tiny_llama(0))
     events = checks.run_events(target, drafter, [1, 2, 3, 4], 6)
     assert sum(1 for e in events if e.proposed) > 0
-    assert int((drafter.table.table[:, 0] >= 0).sum()) >= 3
+    assert drafter.info()["table_rows"] == int((drafter.table.table[:, 0] >= 0).sum()) >= 3
 
 
 def test_greedy_equals_baseline_over_many_seeds():

@@ -84,11 +84,14 @@ class AdjacencyTable:
 
     Attributes:
         table: ``(vocab_size, top_k)`` int64.
+        rows: how many tokens have a row (counted as rows fill: scanning the table's first column
+            for the page's statistics took about a millisecond a step).
     """
 
     def __init__(self, vocab_size: int, top_k: int):
         self.top_k = top_k
         self.table = torch.full((vocab_size, top_k), -1, dtype=torch.long)
+        self.rows = 0
 
     def update(self, tokens: torch.Tensor, next_ids: torch.Tensor) -> None:
         """Replace the rows of ``tokens`` ``(n,)`` by ``next_ids`` ``(n, k)`` (k >= top_k columns
@@ -96,6 +99,8 @@ class AdjacencyTable:
         if tokens.dim() != 1 or next_ids.dim() != 2 or next_ids.shape[0] != tokens.shape[0]:
             raise ValueError(f"tokens (n,) and next_ids (n, k) must agree, got {tuple(tokens.shape)} and "
                              f"{tuple(next_ids.shape)}")
+        first = self.table[tokens.cpu(), 0].tolist()
+        self.rows += len({t for t, f in zip(tokens.tolist(), first) if f < 0})
         for t, row in zip(tokens.tolist(), next_ids[:, :self.top_k].cpu()):
             self.table[t, :row.shape[0]] = row
 
@@ -209,7 +214,7 @@ class RecyclingDrafter(Drafter):
         self.table.update(inputs[order], top[order])
 
     def info(self) -> dict[str, int]:
-        return {"table_rows": int((self.table.table[:, 0] >= 0).sum()), "steps_with_hits": self.steps_with_hits}
+        return {"table_rows": self.table.rows, "steps_with_hits": self.steps_with_hits}
 
 
 def build_recycling(engine, params: dict, owner: str = "recycling") -> RecyclingDrafter:
