@@ -50,9 +50,7 @@ BUDGET_KNOB = ChoiceKnob(
 """The ``budget`` knob every method has (:func:`with_budget_knob`)."""
 
 STEP_COST_SIZES = (2, 3, 4, 5, 9, 17, 33)
-"""Query counts (root included) whose decoding-step cost :func:`measure_step_cost` times (4: where a
-CPU's linear layers may switch kernels, as MKL's ``sgemm`` gives way to oneDNN at four rows on a
-Sapphire Rapids Xeon, :mod:`.cpu_linear`)."""
+"""Query counts (root included) whose step cost :func:`measure_step_cost` times (4: kernels may switch, cpu_linear)."""
 
 
 # ----- the step-cost curve ----------------------------------------------------------------------
