@@ -79,7 +79,7 @@ def test_merged_estimates_are_calibrated_by_verdicts():
     d = MixtureDrafter([("a", a), ("b", b)], AcceptanceEstimator())
     merged = d.propose(None)
     assert merged.tokens.tolist() == [5, 6, 7] and merged.parents.tolist() == [-1, 0, 0]
-    assert merged_keys(*merge_candidates([a.propose(None), b.propose(None)])) == [(9, 1, 2), (9, 2, 1), (9, 2, 1)]
+    assert merged_keys(*merge_candidates([a.propose(None), b.propose(None)]), [0.95] * 3) == [(9, 1, 2), (9, 2, 1), (9, 2, 1)]
     first = merged.accept_probs.tolist()
     for _ in range(30):
         c = d.propose(None)

@@ -180,15 +180,15 @@ class CalibratedMember(Drafter):
         return self.inner.info()
 
 
-def merged_keys(merged: Candidates, maps: list[list[int]]) -> list[tuple[int, int, int]]:
-    """The :class:`AcceptanceEstimator` key of each merged node: (bin of its merged estimate, depth
-    up to 4, members proposing it up to 2). Members that agree on a token are right more often
-    than either alone, which the merged estimate (the higher one) does not know."""
+def merged_keys(merged: Candidates, maps: list[list[int]], probs: list[float]) -> list[tuple[int, int, int]]:
+    """The :class:`AcceptanceEstimator` key of each merged node, given its merged estimate in ``probs``:
+    (bin of that estimate, depth up to 4, members proposing it up to 2). Members that agree on a
+    token are right more often than either alone, which the merged estimate (the higher one) does
+    not know."""
     agree = [0] * len(merged)
     for mapping in maps:
         for j in mapping:
             agree[j] += 1
-    probs = merged.accept_probs.tolist()
     return [(probability_bin(p), min(d, 4), min(a, 2)) for p, d, a in zip(probs, merged.depths(), agree)]
 
 
@@ -244,7 +244,8 @@ class MixtureDrafter(Drafter):
             parts.append(Candidates(c.tokens, c.parents, c.sources, accept_probs=c.accept_probs))
         merged, maps = merge_candidates(parts)
         if self.estimator is not None and merged.accept_probs is not None and len(merged):
-            merged.accept_probs = self.estimator.estimate(merged, merged_keys(merged, maps), merged.accept_probs.tolist())
+            probs = merged.accept_probs.tolist()
+            merged.accept_probs = self.estimator.estimate(merged, merged_keys(merged, maps, probs), probs)
         self.extras_owner = owner
         if extras is not None:
             merged.extras = _remap_extras(extras, maps[owner], len(merged))

@@ -99,9 +99,9 @@ class AdjacencyTable:
         if tokens.dim() != 1 or next_ids.dim() != 2 or next_ids.shape[0] != tokens.shape[0]:
             raise ValueError(f"tokens (n,) and next_ids (n, k) must agree, got {tuple(tokens.shape)} and "
                              f"{tuple(next_ids.shape)}")
-        first = self.table[tokens.cpu(), 0].tolist()
-        self.rows += len({t for t, f in zip(tokens.tolist(), first) if f < 0})
-        for t, row in zip(tokens.tolist(), next_ids[:, :self.top_k].cpu()):
+        ids = tokens.tolist()
+        self.rows += len({t for t in ids if self.table[t, 0] < 0})
+        for t, row in zip(ids, next_ids[:, :self.top_k].cpu()):
             self.table[t, :row.shape[0]] = row
 
     def fill(self, root: int, template: list[tuple[int, int]]) -> tuple[list[int], list[int], list[int]]:
