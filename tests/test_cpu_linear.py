@@ -22,14 +22,21 @@ pytestmark = [pytest.mark.usefixtures("torch_single_thread"),
               pytest.mark.skipif(not cpu_linear.onednn_available(), reason="this PyTorch has no oneDNN")]
 
 
-@pytest.fixture(params=[False, True], ids=["one-row-plain", "always-packed"])
+@pytest.fixture(params=["plain", "packed", "mkl"], ids=["one-row-plain", "always-packed", "mkl-packed"])
 def always_packed(request, monkeypatch):
-    """Run each test with one row through small layers going to F.linear and with every call
-    packed (the two paths the per-shape timing chooses between)."""
-    if request.param:
+    """Run each test with one row through small layers going to F.linear, with every call packed by
+    oneDNN, and with one row plain, 4 to 8 rows through MKL's weights packed for 4, 6 and 8 rows
+    (5 and 7 padded) and the rest through oneDNN (the paths the timing at packing chooses between)."""
+    if request.param == "packed":
         monkeypatch.setattr(cpu_linear, "PACKED_MIN", 0)
     else:
         monkeypatch.setattr(cpu_linear, "ROW_TIMING", False)
+    if request.param == "mkl" and cpu_linear.mkl_packed_available():
+        def every_count(layers, rounds=8):
+            for layer in layers:
+                if layer.weight.numel() < cpu_linear.PACKED_MIN:
+                    layer.set_mkl_rows(cpu_linear.MKL_ROWS)
+        monkeypatch.setattr(cpu_linear, "choose_mkl_packs", every_count)
     return request.param
 
 
@@ -85,6 +92,51 @@ def test_row_paths_are_chosen_per_shape(monkeypatch):
     monkeypatch.setattr(cpu_linear, "PACKED_MIN", 0)
     cpu_linear.choose_row_paths(layers)
     assert not any(layer._plain_rows for layer in layers)
+
+
+def test_mkl_packs_serve_padded_row_counts(monkeypatch):
+    """A layer holding MKL weights packed for 4, 6 and 8 rows sends 4 rows to the first, 5-6 to the
+    second and 7-8 to the third (zero-padded), fewer or more rows elsewhere, every output within
+    1e-4 of F.linear's; copies and pickles rebuild the same counts. Choosing at packing keeps a
+    prefix of MKL_ROWS for the whole model (per layer, the counts above its ``_plain_rows``), and
+    nothing when the memory cap allows no copy."""
+    if not cpu_linear.mkl_packed_available():  # nothing is packed by MKL, and nothing breaks
+        model = tiny_llama(0)
+        pack_linear_layers(model)
+        assert not any(m._mkl_packs for m in model.modules() if isinstance(m, PackedLinear))
+        return
+    layer = PackedLinear.from_linear(torch.nn.Linear(64, 48))
+    layer.set_mkl_rows((4, 6, 8))
+    calls = []
+    real = PackedLinear._mkl_forward
+    monkeypatch.setattr(PackedLinear, "_mkl_forward", lambda self, x, r: calls.append((x.shape[-2], r)) or real(self, x, r))
+    x = torch.randn(1, 10, 64)
+    with torch.inference_mode():
+        for n in range(1, 11):
+            want = torch.nn.functional.linear(x[:, :n], layer.weight, layer.bias)
+            got = layer(x[:, :n])
+            assert got.shape == want.shape == (1, n, 48)
+            assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+    assert calls == [(4, 4), (5, 6), (6, 6), (7, 8), (8, 8)]
+    for clone in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        assert tuple(clone._mkl_packs) == (4, 6, 8)
+        with torch.inference_mode():
+            assert torch.allclose(clone(x[:, :5]), layer(x[:, :5]), atol=1e-6)
+    monkeypatch.setattr(cpu_linear, "_MKL_ROWS", {})
+    model = tiny_llama(0, vocab_size=96, hidden_size=64, intermediate_size=128)
+    pack_linear_layers(model)
+    (kept,) = cpu_linear._MKL_ROWS.values()
+    assert kept == cpu_linear.MKL_ROWS[:len(kept)]
+    for m in model.modules():
+        if isinstance(m, PackedLinear):
+            want = () if m.weight.numel() >= cpu_linear.PACKED_MIN else tuple(r for r in kept if r > m._plain_rows)
+            assert tuple(m._mkl_packs) == want
+    monkeypatch.setattr(cpu_linear, "_MKL_ROWS", {})
+    monkeypatch.setattr(cpu_linear, "MKL_PACK_BYTES", 0)
+    model = tiny_llama(0, vocab_size=96, hidden_size=64, intermediate_size=128)
+    pack_linear_layers(model)
+    assert list(cpu_linear._MKL_ROWS.values()) == [()]
+    assert not any(m._mkl_packs for m in model.modules() if isinstance(m, PackedLinear))
 
 
 def test_tied_output_layer_stays_tied():

@@ -49,8 +49,8 @@ BUDGET_KNOB = ChoiceKnob(
          "device (measured once at load), and take a plain step when nothing pays. off: verify every candidate.")
 """The ``budget`` knob every method has (:func:`with_budget_knob`)."""
 
-STEP_COST_SIZES = (2, 3, 4, 5, 9, 17, 33)
-"""Query counts (root included) whose step cost :func:`measure_step_cost` times (4: kernels may switch, cpu_linear)."""
+STEP_COST_SIZES = (2, 3, 4, 5, 8, 9, 17, 33)
+"""Query counts (root included) whose step cost :func:`measure_step_cost` times (4, 8: kernels switch, cpu_linear)."""
 
 
 # ----- the step-cost curve ----------------------------------------------------------------------

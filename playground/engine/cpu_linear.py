@@ -13,7 +13,10 @@ method use the same layers, so exactness comparisons are unaffected.
 
 ``pack_linear_layers`` swaps each ``nn.Linear`` of a CPU float32 model for a
 :class:`PackedLinear` that shares the original parameters (tied embeddings stay tied,
-``state_dict`` is unchanged) and keeps the packed copy beside them. Set the environment
+``state_dict`` is unchanged) and keeps the packed copy beside them. Which kernel serves how many
+rows is timed on the machine at packing: ``F.linear`` (MKL's ``sgemm``) for the few rows where it
+wins (:func:`choose_row_paths`), MKL's weights packed for exactly 4, 6 or 8 rows where those win
+(:func:`choose_mkl_packs`, a Sapphire Rapids Xeon), oneDNN's packed weight otherwise. Set the environment
 variable ``PLAYGROUND_ONEDNN=0`` to keep PyTorch's default layers.
 """
 
@@ -40,6 +43,18 @@ ROW_TIMING = True
 TIMED_ROWS = (1, 2, 3, 4, 6, 8)
 """Row counts at which :func:`choose_row_paths` times both paths, in order; timing a shape stops at
 the first count where the packed weight wins."""
+MKL_ROWS = (4, 6, 8)
+"""Row counts for which a small layer may also keep a weight packed by MKL for exactly that many
+rows (MKL's packed ``sgemm`` is fast only at the row count it was packed for); an input of more
+rows than the previous count, up to this one, is padded to it (:func:`choose_mkl_packs`)."""
+MKL_PACK_BYTES = 3 << 29
+"""At most this many bytes (1.5 GiB) of MKL-packed copies per model (each about its weights' size)."""
+
+
+def mkl_packed_available() -> bool:
+    """True when this PyTorch build has MKL's packed-``sgemm`` linear ops (x86 CPUs)."""
+    return (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
+            and hasattr(torch.ops.mkl, "_mkl_linear"))
 
 
 def onednn_available() -> bool:
@@ -95,22 +110,54 @@ class PackedLinear(_PrepackedLinear):
     Sapphire Rapids Xeon (2 threads) MKL's ``sgemm`` is faster for one to three rows (a forward
     over 1 / 2 / 3 tokens 32 / 32 / 34 ms against 32 / 41 / 41 ms with two and three rows packed)
     and the packed weight from four. So plain decoding loses nothing, and verifying one or two
-    candidates costs what the device really charges for them. When
+    candidates costs what the device really charges for them. Inputs of 4 to 8 rows may go to
+    MKL's weights packed for 4, 6 or 8 rows instead (``_mkl_packs``, set by :func:`choose_mkl_packs`
+    where that is faster here; 5 and 7 rows padded). When
     autograd needs the result (training through the layer) it falls back to ``F.linear``, so
     the layer stays trainable; the packed copy is not updated by training, so re-pack
     (:func:`pack_linear_layers`) after changing the weights.
     """
 
+    def __getstate__(self):  # MKL's copies are rebuilt (for the same row counts) like oneDNN's
+        state = super().__getstate__()
+        state["_mkl_packs"] = dict.fromkeys(state.get("_mkl_packs", {}))
+        return state
+
     def _setup(self) -> None:
         self._plain_rows = 0  # :func:`choose_row_paths` decides
+        self._mkl_packs: dict[int, torch.Tensor] = {}  # rows -> MKL-packed weight (:func:`choose_mkl_packs`)
+        self._mkl_max = 0
 
     def repack(self) -> None:
         self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+        self.set_mkl_rows(tuple(getattr(self, "_mkl_packs", ())), fresh=True)
+
+    def set_mkl_rows(self, rows: tuple[int, ...], fresh: bool = False) -> None:
+        """Keep MKL-packed copies of the weight for exactly these row counts (none: drop them);
+        copies already held are kept unless ``fresh``."""
+        old = {} if fresh else self._mkl_packs
+        self._mkl_packs = {r: old[r] if r in old else torch.ops.mkl._mkl_reorder_linear_weight(self.weight.detach(), r)
+                           for r in sorted(rows)}
+        self._mkl_max = max(rows, default=0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() <= self._plain_rows * self.in_features or self._needs_autograd(x):
+        rows = x.numel() // self.in_features
+        if rows <= self._plain_rows or self._needs_autograd(x):
             return nn.functional.linear(x, self.weight, self.bias)
+        if MKL_ROWS and MKL_ROWS[0] <= rows <= self._mkl_max:
+            return self._mkl_forward(x, next(r for r in self._mkl_packs if r >= rows))
         return self._packed_forward(x)
+
+    def _mkl_forward(self, x: torch.Tensor, packed_rows: int) -> torch.Tensor:
+        """MKL's packed ``sgemm`` on the weight packed for ``packed_rows`` rows, ``x`` zero-padded to
+        that many rows (each output row depends on its own input row only)."""
+        rows = x.numel() // self.in_features
+        flat = x.reshape(rows, self.in_features)
+        if rows < packed_rows:
+            flat = torch.cat([flat, flat.new_zeros(packed_rows - rows, self.in_features)])
+        bias = None if self.bias is None else self.bias.detach()
+        out = torch.ops.mkl._mkl_linear(flat, self._mkl_packs[packed_rows], self.weight.detach(), bias, packed_rows)
+        return out[:rows].reshape(*x.shape[:-1], self.out_features)
 
     def _packed_forward(self, x: torch.Tensor) -> torch.Tensor:
         """oneDNN's matmul on the packed weight (no autograd)."""
@@ -139,7 +186,9 @@ def pack_linear_layers(model: nn.Module) -> int:
             setattr(parent, name, child)
         log.warning("oneDNN packed linear layers disagree with F.linear here; keeping the defaults")
         return 0
-    choose_row_paths([getattr(parent, name) for parent, name, _ in swapped])
+    packed = [getattr(parent, name) for parent, name, _ in swapped]
+    choose_row_paths(packed)
+    choose_mkl_packs(packed)
     return len(swapped)
 
 
@@ -195,20 +244,78 @@ def choose_row_paths(layers: list["PackedLinear"], rounds: int = 8) -> None:
         layer._plain_rows = _PLAIN_ROWS[key(layer)]
 
 
-def _time_sweeps(layers, todo: set[int], key, rows: int, rounds: int) -> dict[str, dict[tuple, list[float]]]:
-    """Per path (``plain``, ``packed``) and weight shape, the summed seconds per sweep of ``rows``
-    rows through ``layers`` (model order), the layers in ``todo`` timed, the others run packed."""
+_MKL_ROWS: dict[tuple, tuple[int, ...]] = {}
+"""(the small layers' shapes in model order, threads) -> the counts of :data:`MKL_ROWS` kept (timed once)."""
+
+
+@torch.inference_mode()
+def choose_mkl_packs(layers: list["PackedLinear"], rounds: int = 8) -> None:
+    """Give the small layers (under :data:`PACKED_MIN` weights) MKL-packed copies of their weights
+    for the counts of :data:`MKL_ROWS` where those beat oneDNN's packed weights on this CPU.
+
+    MKL packs a weight for one row count M (``cblas_sgemm_pack``; PyTorch's ``mkl._mkl_linear``
+    takes the packed path only when the input has exactly M rows), so a count r serves the inputs of
+    more rows than the count before it, zero-padded to r. Each count is timed as
+    :func:`choose_row_paths` times (sweeps through every layer in model order, alternating), but
+    for all small layers together (per shape the two paths were within timing noise of each other
+    for some shapes, and per-shape verdicts flipped from run to run): MKL's weights packed for r
+    against oneDNN's, at r rows. Counts are kept up to the first loss, and only while the copies
+    stay under :data:`MKL_PACK_BYTES` in all; a layer skips the counts at or under its
+    ``_plain_rows`` (``F.linear`` takes those inputs). Measured on a 2-vCPU Sapphire Rapids Xeon
+    (2 threads, the default model's small layers): a sweep of 4 / 6 / 8 rows took 19.7 / 21.2 / 23.5
+    ms through MKL's packed weights against 22.2 / 23.6 / 26.2 ms through oneDNN's; whole decoding
+    steps over 4 / 5 / 6 / 7 / 8 tokens (5 and 7 padded) took 40.2 / 42.9 / 43.6 / 46.0 / 45.4 ms
+    against 43.6 / 45.1 / 47.1 / 49.9 / 50.2 ms (a plain step 33.3 ms). Does nothing without MKL's
+    packed ops, without :data:`ROW_TIMING`, or when ``PLAYGROUND_ONEDNN=0``.
+    """
+    small = [layer for layer in layers if layer.weight.numel() < PACKED_MIN]
+    if not small or not MKL_ROWS or not mkl_packed_available() or not ROW_TIMING:
+        return
+    sig = (tuple((layer.out_features, layer.in_features) for layer in small), torch.get_num_threads())
+    if sig not in _MKL_ROWS:
+        kept: list[int] = []
+        budget = MKL_PACK_BYTES
+        for r in MKL_ROWS:
+            todo = [layer for layer in small if layer._plain_rows < r]
+            cost = sum(layer.weight.numel() * layer.weight.element_size() for layer in todo)
+            if not todo or cost > budget:
+                break
+            for layer in todo:
+                layer.set_mkl_rows((*kept, r))
+            paths = {"mkl": lambda layer, x, r=r: layer._mkl_forward(x, r),
+                     "packed": lambda layer, x: layer._packed_forward(x)}
+            times = _time_sweeps(layers, {id(layer) for layer in todo}, lambda layer: "all", r, rounds, paths)
+            if statistics.median(times["mkl"]["all"]) >= statistics.median(times["packed"]["all"]):
+                break
+            kept.append(r)
+            budget -= cost
+        _MKL_ROWS[sig] = tuple(kept)
+    for layer in small:
+        layer.set_mkl_rows(tuple(r for r in _MKL_ROWS[sig] if r > layer._plain_rows))
+
+
+def _plain(layer, x):
+    return nn.functional.linear(x, layer.weight, layer.bias)
+
+
+def _time_sweeps(layers, todo: set[int], key, rows: int, rounds: int,
+                 paths: dict | None = None) -> dict[str, dict[tuple, list[float]]]:
+    """Per path (default ``plain``: ``F.linear``, ``packed``: oneDNN; else name -> ``f(layer, x)``)
+    and weight shape, the summed seconds per sweep of ``rows`` rows through ``layers`` (model
+    order), the layers in ``todo`` timed, the others run through oneDNN's packed weight."""
+    paths = paths or {"plain": _plain, "packed": lambda layer, x: layer._packed_forward(x)}
     inputs = {n: torch.randn(rows, n) for n in {layer.in_features for layer in layers}}
-    times: dict[str, dict[tuple, list[float]]] = {"plain": {}, "packed": {}}
+    times: dict[str, dict[tuple, list[float]]] = {name: {} for name in paths}
+    names = list(paths)
     for i in range(rounds + 1):
-        for kind in (("plain", "packed") if i % 2 == 0 else ("packed", "plain")):
+        for kind in (names if i % 2 == 0 else names[::-1]):
             sums: dict[tuple, float] = {}
             for layer in layers:
                 x = inputs[layer.in_features]
                 timed = id(layer) in todo
                 t0 = time.perf_counter()
-                if kind == "plain" and timed:
-                    nn.functional.linear(x, layer.weight, layer.bias)
+                if timed:
+                    paths[kind](layer, x)
                 else:
                     layer._packed_forward(x)
                 if timed:

@@ -70,7 +70,7 @@ def measure_step_cost(target, prompt_ids: list[int], sizes: Sequence[int] = STEP
             long-context curves (:class:`StepCost` interpolates by context length).
 
     Returns:
-        :class:`StepCost` (chain and tree curves at q = 1, 2, 3, 4, 5, 9, 17, 33, 65; ``seconds`` hold the
+        :class:`StepCost` (chain and tree curves at q = 1, 2, 3, 4, 5, 8, 9, 17, 33, 65; ``seconds`` hold the
         measured lower quartiles in seconds; ``short_context`` = ``len(prompt_ids)``).
 
     Raises:
@@ -90,7 +90,7 @@ def measure_step_cost(target, prompt_ids: list[int], sizes: Sequence[int] = STEP
     return StepCost(chain, tree, len(prompt_ids), long_chain, long_tree, len(long_prompt_ids))
 
 
-CURVE_SIZES = (2, 3, 4, 5, 9, 17, 33, 65)
+CURVE_SIZES = (2, 3, 4, 5, 8, 9, 17, 33, 65)
 """Query counts at which a measured step-cost curve is tabulated (interpolated in between)."""
 
 
