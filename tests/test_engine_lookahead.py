@@ -179,6 +179,28 @@ def test_update_warms_up_then_harvests_and_shifts():
     assert d.pool_hits == 1 and d.pool_tokens_accepted == 1
 
 
+def test_window_gate_credits_only_ngrams_the_window_made():
+    """The window's gate earns the accepted pool tokens only when they continue an n-gram the Jacobi
+    window generated: a hit on a prompt n-gram earns 0, a hit on a window n-gram its length (also a
+    prefix of one), a step with no accepted token 0."""
+    prompt = [40, 41, 42, 43]
+    d = LookaheadDrafter(window=2, ngram_size=3, guess_set_size=4)
+    d.begin(prompt)
+    d.levels = [[1, 2], [3, 4]]
+    z = torch.zeros(4, 64)
+    z[2, 5] = z[3, 6] = 1.0
+    d.update(StepResult(Candidates.empty(), [], 0, prompt + [9], z))  # columns (1, 3, 5), (2, 4, 6) pooled
+    assert d.window_ngrams == {1: {(3, 5)}, 2: {(4, 6)}}
+    on_prompt = Candidates.chain([41, 42], SOURCE_LOOKAHEAD)  # the prompt's n-gram (40, 41, 42)
+    d.root = 40
+    assert d._window_credit(StepResult(on_prompt, [0, 1], 7, prompt + [40, 41, 42, 7])) == 0
+    from_window = Candidates.chain([3, 5], SOURCE_LOOKAHEAD)
+    d.root = 1
+    assert d._window_credit(StepResult(from_window, [0, 1], 7, prompt + [1, 3, 5, 7])) == 2
+    assert d._window_credit(StepResult(from_window, [0], 8, prompt + [1, 3, 8])) == 1
+    assert d._window_credit(StepResult(from_window, [], 8, prompt + [1, 8])) == 0
+
+
 def test_update_harvests_the_committed_output_ngrams():
     """With harvest_output (the default), every N-gram of the committed text that ends in this
     step's tokens enters the pool once; with it off, none does."""

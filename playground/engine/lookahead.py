@@ -207,7 +207,10 @@ class LookaheadDrafter(Drafter):
         self.harvested = len(self.prompt) + 1  # first (exclusive) end of an output n-gram not yet pooled
         self.pool_hits = 0
         self.pool_tokens_accepted = 0
-        # The window's gate (budget on): its "acceptance" is the pool's accepted tokens per step.
+        self.window_ngrams: dict[int, set[tuple[int, ...]]] = {}  # key token -> continuations the window made
+        self.root = -1  # the root of the latest proposal
+        # The window's gate (budget on): its "acceptance" is the accepted tokens per step that came
+        # from n-grams the window generated.
         self.gate = DraftGate(prior=self.gate_memory.prior(1.0))
 
     def finish(self, tokens: list[int], prompt_len: int) -> None:
@@ -224,9 +227,9 @@ class LookaheadDrafter(Drafter):
         """With the budget on: whether the Jacobi window rides in this step's pass (:class:`DraftGate`).
 
         The window's queries cost ``cost(1 + m) - 1`` of a plain step (m = its queries, at this
-        context length) and pay only through the pool's later hits, so it is kept while the pool's
-        accepted tokens per step (a moving average) are at least that, and otherwise runs only to
-        probe. Without the budget it always rides."""
+        context length) and pay only through the pool's later hits on n-grams it generated, so it is
+        kept while those accepted tokens per step (a moving average, :meth:`_window_credit`) are at
+        least that, and otherwise runs only to probe. Without the budget it always rides."""
         cost = self.budget_cost
         if cost is None:
             return True
@@ -235,10 +238,24 @@ class LookaheadDrafter(Drafter):
             else max(0.0, float(cost(1 + m)) - 1.0)
         return self.gate.draft_now()
 
+    def _window_credit(self, result: StepResult) -> int:
+        """This step's accepted pool tokens if they continue an n-gram the Jacobi window generated,
+        else 0: what the window earned. The pool also holds the prompt's and the output's own
+        n-grams, which would be proposed (and accepted) without the window; crediting their hits to
+        it kept the window riding on RAG passages, where it generated nothing that was accepted
+        (dev set, 4 RAG first turns, 64 tokens, Sapphire Rapids Xeon: window in 52 of 189 steps,
+        1.08x; never riding, 1.13x at the same tau)."""
+        if not result.path:
+            return 0
+        accepted = tuple(int(result.candidates.tokens[c]) for c in result.path)
+        made = self.window_ngrams.get(self.root, ())
+        return len(accepted) if any(cont[:len(accepted)] == accepted for cont in made) else 0
+
     def propose(self, state: DecodeState) -> Candidates:
         """Pool continuations of the root (at most ``state.budget`` deep) plus the window as extras."""
         # 1. Verification branch: the pool's n-grams keyed by the root, as a prefix tree.
-        cand = candidate_tree(self.pool.lookup(state.tokens[-1]), state.budget, self.source)
+        self.root = int(state.tokens[-1])
+        cand = candidate_tree(self.pool.lookup(self.root), state.budget, self.source)
         # 2. Lookahead branch: every level of the window, flattened level by level (unless the
         # budget finds the pool not paying for it at the moment).
         extras = None
@@ -256,7 +273,7 @@ class LookaheadDrafter(Drafter):
     def update(self, result: StepResult) -> None:
         """Next Jacobi level, n-gram harvest, window shift by the tokens emitted this step."""
         self.estimator.observe(result)
-        self.gate.observe(len(result.path))  # the pool's accepted tokens this step
+        self.gate.observe(self._window_credit(result))
         if result.path:
             self.pool_hits += 1
             self.pool_tokens_accepted += len(result.path)
@@ -280,7 +297,9 @@ class LookaheadDrafter(Drafter):
         if len(self.levels) == self.ngram_size:
             # 2. Full window: each column, oldest level to the new output, is an n-gram.
             for j in range(self.window):
-                self.pool.add([level[j] for level in self.levels])
+                ngram = [level[j] for level in self.levels]
+                self.pool.add(ngram)
+                self.window_ngrams.setdefault(ngram[0], set()).add(tuple(ngram[1:]))
             # 3. Drop the oldest level: the others move one level down (one position on).
             self.levels.pop(0)
             dropped = 1
