@@ -242,9 +242,10 @@ class LookaheadDrafter(Drafter):
         """This step's accepted pool tokens if they continue an n-gram the Jacobi window generated,
         else 0: what the window earned. The pool also holds the prompt's and the output's own
         n-grams, which would be proposed (and accepted) without the window; crediting their hits to
-        it kept the window riding on RAG passages, where it generated nothing that was accepted
-        (dev set, 4 RAG first turns, 64 tokens, Sapphire Rapids Xeon: window in 52 of 189 steps,
-        1.08x; never riding, 1.13x at the same tau)."""
+        it kept the window riding on RAG passages for nothing (dev set, 4 first turns a category, 64
+        tokens, one round-robin run on a Sapphire Rapids Xeon: the window in 905 of 2367 steps and
+        1.02x overall, RAG 0.93x, crediting every hit; 310 of 2404 and 1.10x, RAG 1.02x, crediting
+        the window's own)."""
         if not result.path:
             return 0
         accepted = tuple(int(result.candidates.tokens[c]) for c in result.path)
