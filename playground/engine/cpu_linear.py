@@ -126,7 +126,7 @@ class PackedLinear(_PrepackedLinear):
     def _setup(self) -> None:
         self._plain_rows = 0  # :func:`choose_row_paths` decides
         self._mkl_packs: dict[int, torch.Tensor] = {}  # rows -> MKL-packed weight (:func:`choose_mkl_packs`)
-        self._mkl_max = 0
+        self._mkl_route: list[int | None] = []  # input rows -> the packed count serving them (None: oneDNN)
 
     def repack(self) -> None:
         self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
@@ -138,14 +138,16 @@ class PackedLinear(_PrepackedLinear):
         old = {} if fresh else self._mkl_packs
         self._mkl_packs = {r: old[r] if r in old else torch.ops.mkl._mkl_reorder_linear_weight(self.weight.detach(), r)
                            for r in sorted(rows)}
-        self._mkl_max = max(rows, default=0)
+        counts = sorted(self._mkl_packs)
+        self._mkl_route = [next((r for r in counts if r >= n), None) if MKL_ROWS and n >= MKL_ROWS[0] else None
+                           for n in range(max(counts, default=-1) + 1)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
         if rows <= self._plain_rows or self._needs_autograd(x):
             return nn.functional.linear(x, self.weight, self.bias)
-        if MKL_ROWS and MKL_ROWS[0] <= rows <= self._mkl_max:
-            return self._mkl_forward(x, next(r for r in self._mkl_packs if r >= rows))
+        if rows < len(self._mkl_route) and self._mkl_route[rows] is not None:
+            return self._mkl_forward(x, self._mkl_route[rows])
         return self._packed_forward(x)
 
     def _mkl_forward(self, x: torch.Tensor, packed_rows: int) -> torch.Tensor:
