@@ -105,6 +105,50 @@ def test_eagle_skipping_steps_stays_lossless(cases):
     assert skipped > 0
 
 
+def test_int8_head_stays_lossless(cases):
+    """A head whose layer and output layer run on int8 weight copies (as the shipped head on a CPU,
+    ``fc`` kept) gives logits close to the float head's and, over 12 prompts on 3 tiny models, greedy
+    output equal to the baseline."""
+    import copy
+
+    from playground.engine import cpu_linear
+    if not cpu_linear.int8_weights_available():
+        pytest.skip("this PyTorch has no FBGEMM int8 ops (not an x86 build)")
+    settings = GenerationSettings(max_new_tokens=32)
+    heads = {}
+    for seed, target, head, prompt, baseline, margins in cases[:12]:
+        if id(head) not in heads:
+            q = copy.deepcopy(head).attach_embedding(head._embed[0])
+            assert cpu_linear.int8_weight_linear_layers(q, skip=("fc",)) == 8
+            assert isinstance(q.lm_head, cpu_linear.Int8WeightLinear) and type(q.fc) is torch.nn.Linear
+            h = torch.randn(5, head.hidden_size, generator=torch.Generator().manual_seed(seed))
+            ids, pos, attend = torch.arange(5), torch.arange(5), torch.ones(5, 5, dtype=torch.bool).tril()
+            want, _ = head.step(head.new_cache(), h, ids, pos, attend)
+            got, _ = q.step(q.new_cache(), h, ids, pos, attend)
+            assert (got - want).abs().max() < 0.1 * want.abs().max()
+            heads[id(head)] = q
+        drafter = EagleDrafter(heads[id(head)], depth=1 + seed % 5, top_k=1 + seed % 4, total_tokens=1 + seed % 9)
+        events = run_events(target, drafter, prompt, settings=settings, eos_token_ids=(EOS,))
+        assert check_lossless(baseline, margins, [t for e in events for t in e.tokens]).matched, seed
+
+
+@pytest.mark.real_model
+def test_shipped_head_reads_int8_weights_on_a_cpu(real_target, monkeypatch):
+    """Loaded beside the float32 default target on a CPU, the shipped head's layer and output layer
+    read int8 copies and ``fc`` float16 ones; ``PLAYGROUND_INT8_HEAD=0`` keeps float16 throughout."""
+    from playground.engine import cpu_linear
+    from playground.engine.eagle import DEFAULT_EAGLE_DIR, load_eagle
+    if not (cpu_linear.int8_weights_available() and cpu_linear.half_weights_available()):
+        pytest.skip("this PyTorch has no FBGEMM ops (not an x86 build)")
+    head = load_eagle(DEFAULT_EAGLE_DIR, real_target)
+    assert isinstance(head.lm_head, cpu_linear.Int8WeightLinear)
+    assert isinstance(head.midlayer.mlp.down_proj, cpu_linear.Int8WeightLinear)
+    assert isinstance(head.fc, cpu_linear.HalfWeightLinear)
+    monkeypatch.setenv(cpu_linear.INT8_ENV_SWITCH, "0")
+    head = load_eagle(DEFAULT_EAGLE_DIR, real_target)
+    assert isinstance(head.lm_head, cpu_linear.HalfWeightLinear)
+
+
 def test_eagle_sampling_matches_target():
     """Sampling (temperature 0.9, top-k 8) with EAGLE: the first three tokens of 1,500 seeded runs
     follow the target's exact joint (chi-square; a false alarm has odds below 1e-4)."""

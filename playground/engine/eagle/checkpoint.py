@@ -145,9 +145,13 @@ def load_eagle(spec: str | Path, target=None) -> EagleHead:
         head.attach_embedding(model.get_input_embeddings())
         if param.device.type == "cpu" and param.dtype == torch.float32:
             # A drafted level is a few rows through small layers: time goes to reading the weights, so a
-            # float16 checkpoint's layers read float16 copies (the products are the float32 layer's).
-            from ..cpu_linear import half_weight_linear_layers
+            # float16 checkpoint's layers read float16 copies (the products are the float32 layer's) and
+            # the layer and output layer int8 copies (half those bytes again; every proposal is verified).
+            # ``fc`` keeps float16: it reads the target's raw features, whose few huge channels would
+            # swamp the one 8-bit scale of a dynamically quantized input.
+            from ..cpu_linear import half_weight_linear_layers, int8_weight_linear_layers
             half_weight_linear_layers(head)
+            int8_weight_linear_layers(head, skip=("fc",))
     return head
 
 
