@@ -313,8 +313,8 @@ def shipped_engine(real_target):
     assert draft.token_map is not None
     # Named as the shipped draft, not by its folder ("default", like the default target).
     assert draft.name.startswith("SmolLM2 distilled draft (shipped) (vocabulary of ")
-    # It ships in float16, so on a CPU its layers read float16 weights (the tests below run them).
-    assert isinstance(draft.model.lm_head, cpu_linear.HalfWeightLinear) or not cpu_linear.half_weights_available()
+    # On a CPU in float32 its layers read int8 weight copies (the tests below run them).
+    assert isinstance(draft.model.lm_head, cpu_linear.Int8WeightLinear) or not cpu_linear.int8_weights_available()
     return Engine(real_target, draft)
 
 

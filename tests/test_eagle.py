@@ -135,7 +135,7 @@ def test_int8_head_stays_lossless(cases):
 @pytest.mark.real_model
 def test_shipped_head_reads_int8_weights_on_a_cpu(real_target, monkeypatch):
     """Loaded beside the float32 default target on a CPU, the shipped head's layer and output layer
-    read int8 copies and ``fc`` float16 ones; ``PLAYGROUND_INT8_HEAD=0`` keeps float16 throughout."""
+    read int8 copies and ``fc`` float16 ones; ``PLAYGROUND_INT8_DRAFT=0`` keeps float16 throughout."""
     from playground.engine import cpu_linear
     from playground.engine.eagle import DEFAULT_EAGLE_DIR, load_eagle
     if not (cpu_linear.int8_weights_available() and cpu_linear.half_weights_available()):

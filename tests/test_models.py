@@ -206,18 +206,23 @@ def test_draft_knob_defaults_replace_the_global_ones(default, tmp_path):
             load_draft(str(folder), default)
 
 
-def test_draft_runs_in_float32_with_half_weights_beside_a_bfloat16_cpu_target(default, tmp_path):
-    """On a CPU a draft saved in float16 runs in float32 with float16 weight copies even when the
-    target runs in bfloat16 (a drafted token is faster so); other drafts follow the target."""
+def test_draft_runs_in_float32_with_half_weights_beside_a_bfloat16_cpu_target(default, tmp_path, monkeypatch):
+    """On a CPU a draft saved in float16 runs in float32 with int8 weight copies even when the
+    target runs in bfloat16 (a drafted token is faster so), or float16 copies with
+    ``PLAYGROUND_INT8_DRAFT=0``; other drafts follow the target."""
     from playground.engine import cpu_linear
 
     target = load_model(DEFAULT_TARGET, "cpu", "bfloat16")
     half = _tiny_draft_folder(tmp_path / "half", default.tokenizer, torch.float16)
     full = _tiny_draft_folder(tmp_path / "full", default.tokenizer, torch.float32)
-    if cpu_linear.half_weights_available():
+    if cpu_linear.half_weights_available() and cpu_linear.int8_weights_available():
         assert M.draft_dtype(str(half), target) == torch.float32
         draft = load_draft(str(half), target)
-        assert draft.dtype == torch.float32 and isinstance(draft.model.lm_head, cpu_linear.HalfWeightLinear)
+        assert draft.dtype == torch.float32 and isinstance(draft.model.lm_head, cpu_linear.Int8WeightLinear)
+        monkeypatch.setenv(cpu_linear.INT8_ENV_SWITCH, "0")
+        draft = load_draft(str(half), target)
+        assert isinstance(draft.model.lm_head, cpu_linear.HalfWeightLinear)
+        monkeypatch.delenv(cpu_linear.INT8_ENV_SWITCH)
     assert M.draft_dtype(str(full), target) == torch.bfloat16
     assert M.draft_dtype("some/hub-id", target) == torch.bfloat16
     assert M.draft_dtype(str(half), default) == torch.float32  # a float32 target: its dtype

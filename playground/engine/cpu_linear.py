@@ -402,8 +402,8 @@ def half_weight_linear_layers(model: nn.Module) -> int:
     return len(layers)
 
 
-# ----- int8 weights for a feature-draft head -----------------------------------------------------
-INT8_ENV_SWITCH = "PLAYGROUND_INT8_HEAD"
+# ----- int8 weights for drafts and draft heads ----------------------------------------------------
+INT8_ENV_SWITCH = "PLAYGROUND_INT8_DRAFT"
 
 
 def int8_weights_available() -> bool:
@@ -445,8 +445,8 @@ class Int8WeightLinear(_PrepackedLinear):
 
 def int8_weight_linear_layers(model: nn.Module, skip: tuple[str, ...] = ()) -> int:
     """Give every float32 CPU linear layer of ``model`` (float16-weight ones included) but those named
-    in ``skip`` an :class:`Int8WeightLinear`, in place; for a draft head whose every proposal is
-    verified. Does nothing when FBGEMM's int8 ops are missing or ``PLAYGROUND_INT8_HEAD=0``, or when
+    in ``skip`` an :class:`Int8WeightLinear`, in place; for drafts, whose every proposal is verified.
+    Does nothing when FBGEMM's int8 ops are missing or ``PLAYGROUND_INT8_DRAFT=0``, or when
     a converted layer's outputs are off by more than 5 % of their largest magnitude (then every layer
     is restored). Returns the number of layers converted.
     """

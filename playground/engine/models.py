@@ -421,8 +421,9 @@ def draft_dtype(spec: str, target: LoadedModel) -> torch.dtype:
 def load_draft(spec: str, target: LoadedModel, device: str | torch.device | None = None,
                dtype: str | torch.dtype | None = None, progress: Progress | None = None) -> LoadedModel:
     """Load a draft model (by default on the target's device, in :func:`draft_dtype`) and check that it
-    shares ``target``'s tokenizer. On a CPU in float32, linear layers whose weights are float16
-    values get float16 weight copies (:func:`.cpu_linear.half_weight_linear_layers`). A draft folder
+    shares ``target``'s tokenizer. On a CPU in float32, linear layers get int8 weight copies
+    (:func:`.cpu_linear.int8_weight_linear_layers`; ``PLAYGROUND_INT8_DRAFT=0``: float16 copies where
+    the weights are float16 values, :func:`.cpu_linear.half_weight_linear_layers`). A draft folder
     may also hold a token map (``TokenMap``) and knob defaults (``draft_model.DRAFT_KNOBS_FILE``).
 
     Raises:
@@ -436,9 +437,11 @@ def load_draft(spec: str, target: LoadedModel, device: str | torch.device | None
     check_same_tokenizer(target.tokenizer, draft.tokenizer, target.name, draft.name)
     if draft.device.type == "cpu" and draft.dtype == torch.float32:
         # A draft that ships in float16 (ours does) keeps float16 weights on a CPU: same products,
-        # half the bytes to read per drafted token (cpu_linear.HalfWeightLinear).
-        from .cpu_linear import half_weight_linear_layers
+        # half the bytes to read per drafted token (cpu_linear.HalfWeightLinear); then int8 copies,
+        # half those bytes again (cpu_linear.Int8WeightLinear; every drafted token is verified).
+        from .cpu_linear import half_weight_linear_layers, int8_weight_linear_layers
         half_weight_linear_layers(draft.model)
+        int8_weight_linear_layers(draft.model)
     if Path(spec).is_dir() and Path(spec).resolve() == DEFAULT_DRAFT_DIR:
         draft.name = SHIPPED_DRAFT_NAME  # the folder is called "default", like the default target
     if Path(spec).is_dir():
