@@ -440,6 +440,8 @@ class Int8WeightLinear(_PrepackedLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._needs_autograd(x):
             return nn.functional.linear(x, self.weight, self.bias)
+        if x.dim() == 1:  # FBGEMM wants rows; nn.Linear takes one vector too
+            return torch.ops.quantized.linear_dynamic(x[None], self._packed, True)[0]
         return torch.ops.quantized.linear_dynamic(x, self._packed, True)
 
 
