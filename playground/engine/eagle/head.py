@@ -164,6 +164,18 @@ class EagleHead(nn.Module):
         return self._embed[0](ids).to(self.fc.weight.dtype)
 
     # ----- inference: one call per draft level, with a KV cache -----------------------------------
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`rope_cos_sin` at ``positions`` ``(n,)``, looked up in a table kept per device and dtype
+        (grown to twice the largest position asked for): a draft level asks for a handful of rows."""
+        top = int(positions.max()) + 1 if positions.numel() else 0
+        table = getattr(self, "_rope_table", None)
+        if table is None or table[0].shape[0] < top or table[0].dtype != dtype or table[0].device != positions.device:
+            size = max(2 * top, 1024)
+            table = rope_cos_sin(torch.arange(size, device=positions.device), self.midlayer.head_dim,
+                                 self.rope_theta, dtype)
+            self._rope_table = table
+        return table[0][positions], table[1][positions]
+
     def new_cache(self) -> "DraftCache":
         return DraftCache(self)
 
@@ -192,14 +204,12 @@ class EagleHead(nn.Module):
         layer = self.midlayer
         rows = slice(n - 1, n) if last_only else slice(None)
         q, k, v = layer.qkv(self.embed_tokens(token_ids), hidden, q_rows=rows)
-        cos, sin = rope_cos_sin(positions, layer.head_dim, self.rope_theta, q.dtype)
+        cos, sin = self._rope(positions, q.dtype)
         q, k = apply_rope(q, cos[rows], sin[rows]), apply_rope(k, cos, sin)
         keys, values = cache.append(k, v)
-        rep = layer.num_heads // layer.num_kv_heads
-        attend = attend[rows].to(q.device)
-        mask = torch.zeros(attend.shape, dtype=q.dtype, device=q.device).masked_fill(~attend, float("-inf"))
-        attn = F.scaled_dot_product_attention(q[None], keys.repeat_interleave(rep, 0)[None],
-                                              values.repeat_interleave(rep, 0)[None], attn_mask=mask)[0]
+        # Grouped-query attention without copying the cache per query head; a bool mask (True: attend).
+        attn = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=attend[rows].to(q.device),
+                                              enable_gqa=layer.num_heads != layer.num_kv_heads)[0]
         out = layer.finish(hidden[rows], attn)
         return self.logits(out).float(), out
 
