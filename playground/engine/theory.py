@@ -96,13 +96,15 @@ class VerifyCost:
         for n, v in self.table.items():
             if int(n) != n or n < 1 or not (v > 0):
                 raise ValueError(f"verify cost table entries must be n >= 1 -> cost > 0, got {n} -> {v}")
+        # Sorted once: drafters price candidates dozens of times a step.
+        object.__setattr__(self, "_sizes", sorted(self.table))
+        object.__setattr__(self, "_costs", [float(self.table[n]) for n in self._sizes])
 
     def __call__(self, n: int) -> float:
         """Relative cost of a forward over ``n`` tokens (``n`` >= 1)."""
         if n < 1:
             raise ValueError(f"n (tokens per forward) must be >= 1, got {n}")
-        sizes = sorted(self.table)
-        costs = [float(self.table[s]) for s in sizes]
+        sizes, costs = self._sizes, self._costs
         if len(sizes) == 1 or n <= sizes[0]:
             return costs[0]
         i = bisect.bisect_left(sizes, n)
