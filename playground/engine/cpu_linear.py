@@ -420,10 +420,10 @@ class Int8WeightLinear(_PrepackedLinear):
     symmetrically per output row (scale = the row's largest magnitude / 127); each call quantizes its
     input to 8 bits with one scale and offset over the whole call (FBGEMM's dynamic quantization), so
     the outputs are close to, not equal to, the float layer's, and a row's output depends slightly on
-    the other rows of its call. Meant for a drafter whose proposals the target verifies exactly
-    (EAGLE's head): a level is a few rows through small layers, where time goes to reading weights,
-    and int8 reads half the bytes of float16 (on the development Xeon a head level's linear layers
-    took 0.089 ms a call against 0.147 ms with float16 weights). Shares the original parameters;
+    the other rows of its call. Meant for drafters, whose proposals the target verifies exactly (the
+    draft model, EAGLE's head): a drafted token is a few rows through small layers, where time goes
+    to reading weights, and int8 reads half the bytes of float16 (on the development Xeon a head
+    level's linear layers took 0.089 ms a call against 0.147 ms with float16 weights). Shares the original parameters;
     autograd falls back to ``F.linear``.
     """
 
