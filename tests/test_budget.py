@@ -360,6 +360,29 @@ def test_step_cost_follows_the_context_length():
     assert set(measured.as_dict()) >= {"chain", "tree", "long_chain", "long_tree", "long_context"}
 
 
+def test_long_context_curve_keeps_the_short_curves_steps():
+    """The long-context curve is timed at a few sizes only; between them it follows the short curve's
+    shape (a kernel switch at four queries, timed on a Sapphire Rapids Xeon: 1.10x at three, 1.34x at
+    four after 48 tokens or 768 alike) shifted by the timed difference, so a four-query step after a
+    long passage is not priced between the two- and eight-query costs."""
+    from playground.engine.step_cost import shifted_curve
+    short = VerifyCost({1: 1.0, 2: 1.06, 3: 1.10, 4: 1.34, 5: 1.38, 8: 1.54, 9: 1.59, 17: 1.92})
+    # Timed at 2, 8 and 17 queries after the long prompt; fitted through those three only.
+    timed = VerifyCost({1: 1.0, 2: 1.08, 8: 1.58, 17: 2.00}, {1: 0.035, 2: 0.0378, 8: 0.0553, 17: 0.070})
+    long = shifted_curve(short, timed)
+    assert set(long.table) == set(short.table) and long.seconds == timed.seconds
+    assert long(2) == pytest.approx(1.08) and long(8) == pytest.approx(1.58) and long(17) == pytest.approx(2.00)
+    assert long(4) == pytest.approx(1.34 + 0.02 + (0.04 - 0.02) * 2 / 6)  # the jump kept, shifted
+    assert timed(4) < 1.25 < long(4)  # what the three points alone said
+    table = [long.table[q] for q in sorted(long.table)]
+    assert table == sorted(table) and table[0] == 1.0
+    cost = StepCost(short, short, 48, long, long, 512)
+    assert cost(4, context=768) > 1.34  # extrapolated past the long context: still above the short cost
+    # A long context that costs less (noise) than the short one is shifted down, never below 1.
+    cheaper = shifted_curve(short, VerifyCost({1: 1.0, 2: 1.01, 8: 1.40}, {1: 1.0, 2: 1.01, 8: 1.40}))
+    assert cheaper(4) < short(4) and min(cheaper.table.values()) == 1.0
+
+
 def test_gate_memory_carries_the_rate_into_the_next_run():
     """GateMemory: a fresh run's gate starts halfway between its prior and the rate the previous run
     ended at; the engine keeps one per method and knobs (learned/, so the benchmark forgets it after
