@@ -85,7 +85,7 @@ def measure_step_cost(target, prompt_ids: list[int], sizes: Sequence[int] = STEP
     few = sorted({int(s) for s in sizes if s >= 2})
     if long_prompt_ids is None or len(long_prompt_ids) <= len(prompt_ids) or not few:
         return StepCost(chain, tree, len(prompt_ids))
-    # Every timed run prefills its prompt once: after a long one, three sizes fix the fitted line.
+    # Every timed run prefills its prompt once: after a long one, three sizes fix the shift of the short curve.
     few = sorted({few[0], few[len(few) // 2], few[-1]})
     long_chain, long_tree = _step_curves(target, list(long_prompt_ids), few, rounds, seed)
     return StepCost(chain, tree, len(prompt_ids), shifted_curve(chain, long_chain),
