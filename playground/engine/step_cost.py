@@ -111,9 +111,10 @@ def shifted_curve(short: VerifyCost, long: VerifyCost) -> VerifyCost:
         long: the curve timed after the long prompt; its ``seconds`` name the sizes actually timed.
 
     Returns:
-        A :class:`VerifyCost` at the short curve's sizes, with ``long``'s seconds.
+        A :class:`VerifyCost` at the short curve's sizes, with ``long``'s seconds (``long`` itself
+        when it names no timed size).
     """
-    timed = sorted(q for q in long.seconds if q >= 2) or sorted(q for q in long.table if q >= 2)
+    timed = sorted(q for q in long.seconds if q >= 2)
     if not timed:
         return long
     xs = [1.0] + [float(q) for q in timed]
