@@ -16,7 +16,7 @@ from playground.engine import check_lossless
 from playground.engine.decoding import GenerationSettings
 from playground.engine.eagle import EagleDrafter, EagleHead, read_eagle, save_eagle
 from playground.engine.eagle.checkpoint import head_config
-from playground.engine.eagle.tree import expand, reference_tree, rerank
+from playground.engine.eagle.tree import best_rate, choose_size, expand, next_level_pays, reference_tree, rerank
 from playground.engine.sampling import SamplingConfig
 from playground.engine.target import CausalLM
 
@@ -220,8 +220,8 @@ def test_rerank_keeps_ancestors():
 
 def test_expansion_stops_when_no_level_can_pay():
     """``stop_below``: a level is expanded only while the newest level's likeliest node is worth at
-    least that much; 0 expands every level. The drafter sets it from its own timing only under
-    ``total_tokens=auto`` and a verify-cost curve with measured seconds."""
+    least that much; 0 expands every level. The drafter's one-token seconds come from a verify-cost
+    curve with measured seconds (0 without: no early stop under ``total_tokens=auto``)."""
     calls = []
 
     def step(states, tokens, anc, level):  # every child's probability is 0.5: level d is worth 0.5 ** d
@@ -239,6 +239,67 @@ def test_expansion_stops_when_no_level_can_pay():
     timed = VerifyCost({1: 1.0, 2: 1.1, 65: 3.0}, {1: 0.03, 2: 0.033})
     assert EagleDrafter(head, verify_cost=timed).target_step_s == 0.03
     assert EagleDrafter(head, verify_cost=VerifyCost({1: 1.0, 2: 1.1})).target_step_s == 0.0
+
+
+def test_best_rate_and_the_next_level_rule():
+    """``best_rate``: the size maximising expected tokens per cost (ties to the smaller size, 0 = a plain
+    step), brute force over every size. ``next_level_pays``: a level runs when the children it is
+    expected to add raise that rate by more than the level costs, and not when the frontier is too
+    unlikely, the level too dear, or the cost curve too steep for any child to pay."""
+    cost = {1: 1.0, 2: 1.02, 3: 1.1, 4: 1.34, 5: 1.36, 6: 1.38, 7: 1.4, 8: 1.42, 9: 1.6}.__getitem__
+    g = torch.Generator().manual_seed(3)
+    for _ in range(50):
+        v = torch.rand(int(torch.randint(0, 8, (1,), generator=g)), generator=g) ** 2
+        brute = max(((1 + float(v.sort(descending=True).values[:n].sum())) / cost(n + 1), -n) for n in range(len(v) + 1))
+        n, rate = best_rate(v, cost, 8)
+        assert (n, rate) == pytest.approx((-brute[1], brute[0]))
+        assert choose_size(v, cost, 8) == n
+    assert best_rate(torch.tensor([0.01]), cost, 8) == (0, 1.0)
+    pool = torch.tensor([0.7, 0.1, 0.05, 0.02])  # the root's children, one likely
+    confident = torch.tensor([0.8, 0.1, 0.05, 0.02])  # the draft's mean sorted child probabilities
+    frontier = pool[:2]
+    assert next_level_pays(pool, frontier, confident, cost, 8, 0.03)  # its likely child (0.56) pays
+    assert not next_level_pays(pool, frontier, confident, cost, 8, 0.5)  # a level as dear as half a step
+    assert not next_level_pays(pool, frontier, torch.tensor([0.05, 0.04, 0.03, 0.02]), cost, 8, 0.03)
+    assert not next_level_pays(pool, frontier, confident, lambda q: {1: 1.0, 2: 1.02}.get(q, 9.0), 8, 0.0)
+    calls = []
+
+    def step(states, tokens, anc, level):
+        calls.append(level)
+        return torch.log(torch.full((tokens.shape[0], 8), 1 / 16).index_fill(1, torch.tensor([0]), 0.5)), states
+    root = torch.log(torch.full((8,), 1 / 16).index_fill(0, torch.tensor([0]), 0.5))
+    seen = []
+    pool = expand(step, root, torch.zeros(4), 5, 2, torch.arange(8),
+                  keep_expanding=lambda values, f: seen.append((values.clone(), f.clone())) or len(seen) < 2)
+    assert calls == [2] and int(pool.depths.max()) == 2
+    assert seen[0][0].shape == (2,) and seen[0][1].tolist() == pytest.approx([0.5, 1 / 16])  # level 1: the root's 2 children
+    assert seen[1][0].shape == (2 + 2 * 2,) and seen[1][1].tolist() == pytest.approx([0.25, 1 / 32])
+
+
+def test_auto_drafter_expands_only_levels_that_pay(cases):
+    """With ``total_tokens=auto`` and a timed cost curve (verifying four or more tokens dear) the
+    drafter stops expanding once the next level is not expected to pay (:func:`next_level_pays`), so
+    it runs fewer draft levels than with a fixed ``total_tokens`` (EAGLE-2's rule: every level), and
+    its greedy output equals the baseline's on every prompt."""
+    from playground.engine.theory import VerifyCost
+    steep = VerifyCost({1: 1.0, 2: 1.05, 3: 1.1, 4: 3.0, 65: 6.0}, {1: 0.03, 2: 0.0315})
+    settings = GenerationSettings(max_new_tokens=32)
+    calls = {"auto": 0, 8: 0}
+    for seed, target, head, prompt, baseline, margins in cases[:12]:
+        for total in calls:
+            drafter = EagleDrafter(head, depth=4, top_k=4, total_tokens=total, verify_cost=steep)
+            inner = head.step
+
+            def counted(*a, _total=total, **k):
+                calls[_total] += 1
+                return inner(*a, **k)
+            head.step = counted
+            try:
+                events = run_events(target, drafter, prompt, settings=settings, eos_token_ids=(EOS,))
+            finally:
+                del head.step
+            assert check_lossless(baseline, margins, [t for e in events for t in e.tokens]).matched, (seed, total)
+    assert 0 < calls["auto"] < calls[8]
 
 
 def test_unrolled_training_equals_drafting():

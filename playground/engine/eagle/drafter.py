@@ -9,9 +9,10 @@ Per step:
 2. **Expand and rerank** (:mod:`.tree`): ``depth`` levels, ``top_k`` children per expanded node,
    the best ``total_tokens`` nodes by cumulative draft log-probability (``auto``: as many as pay for
    their verification on this device's measured cost curve). With ``auto`` the expansion also stops
-   early once the likeliest newest node is worth less than a draft level costs (this drafter's
-   running mean seconds of one level over the target's one-token seconds): on a CPU a level is
-   several per cent of a target step, and deep levels of an unsure draft rarely pay.
+   early once another level is not expected to pay for itself (:func:`.tree.next_level_pays`: the
+   frontier's children guessed from the draft's mean sorted child probabilities, a level priced at
+   this drafter's running mean seconds of one level over the target's one-token seconds): on a CPU
+   a level is several per cent of a target step, and most steps keep the root's children only.
 3. The nodes go out as :class:`~playground.engine.tree.Candidates` with sources ``eagle_d<depth>``
    and ``accept_probs`` = each node's draft probability given its parent.
 
@@ -30,7 +31,7 @@ from ..budget import DraftGate, GateMemory, StepCost
 from ..drafter import DecodeState, Drafter, StepResult
 from ..tree import Candidates
 from .head import EagleHead
-from .tree import choose_size, expand, rerank
+from .tree import choose_size, expand, next_level_pays, rerank
 
 AUTO = "auto"
 
@@ -68,6 +69,7 @@ class EagleDrafter(Drafter):
         seconds = getattr(getattr(verify_cost, "chain", verify_cost), "seconds", None) or {}
         self.target_step_s = float(seconds.get(1, 0.0))  # 0: unknown, no early stop
         self.level_s = 0.0  # running mean seconds of one draft level (expansion call)
+        self.child_probs: torch.Tensor | None = None  # (top_k,) running mean of the sorted top child probabilities
         self.context = 0  # tokens in the context at the current step
         self.gate_memory = GateMemory()  # the engine may share a persistent one (eagle's build)
         self.begin([])
@@ -87,6 +89,23 @@ class EagleDrafter(Drafter):
         if isinstance(self.verify_cost, StepCost):
             return self.verify_cost(queries, False, self.context)
         return float(self.verify_cost(queries))
+
+    def _step_costs(self) -> Callable[[int], float]:
+        """:meth:`_cost` at this step's context, each size priced once."""
+        memo: dict[int, float] = {}
+
+        def cost(queries: int) -> float:
+            if queries not in memo:
+                memo[queries] = self._cost(queries)
+            return memo[queries]
+        return cost
+
+    def _observe_children(self, logits: torch.Tensor) -> None:
+        """Fold the sorted top ``top_k`` child probabilities of ``(f, draft_vocab_size)`` logits into
+        :attr:`child_probs` (a running mean: what :func:`.tree.next_level_pays` expects of a level)."""
+        k = min(self.top_k, logits.shape[-1])
+        top = torch.softmax(logits.float(), -1).topk(k, -1).values.mean(0)
+        self.child_probs = top if self.child_probs is None else 0.9 * self.child_probs + 0.1 * top
 
     def _gate_open(self) -> bool:
         """With ``total_tokens=auto``: whether drafting can pay this step (:class:`DraftGate`; its
@@ -138,6 +157,9 @@ class EagleDrafter(Drafter):
         head, committed = self.head, self.committed
         dev = head.fc.weight.device
 
+        cost = self._step_costs() if self.verify_cost is not None else (lambda q: 1.0)
+        self._observe_children(root_logits[None])
+
         def step(states, tokens, ancestors, level):
             # Frontier node i's entry sees every committed entry, its ancestors' entries and itself.
             f = tokens.shape[0]
@@ -153,15 +175,18 @@ class EagleDrafter(Drafter):
             out = (torch.log_softmax(logits, -1), out)
             spent = time.perf_counter() - t0
             self.level_s = spent if not self.level_s else 0.9 * self.level_s + 0.1 * spent
+            self._observe_children(out[0])
             return out
 
-        stop_below = 0.0
+        keep_expanding = None
         if self.total_tokens == AUTO and self.target_step_s > 0 and self.level_s > 0:
-            stop_below = min(0.5, self.level_s / self.target_step_s)
+            level_cost = self.level_s / self.target_step_s
+
+            def keep_expanding(values, frontier):
+                return next_level_pays(values, frontier, self.child_probs, cost, self.max_total, level_cost)
         pool = expand(step, torch.log_softmax(root_logits, -1), root_h, depth, self.top_k, head.draft_ids.cpu(),
-                      stop_below)
+                      keep_expanding=keep_expanding)
         if self.total_tokens == AUTO:
-            cost = self._cost if self.verify_cost is not None else (lambda q: 1.0)
             n = choose_size(pool.scores.exp(), cost, self.max_total)
             n = max(n, 1)
         else:

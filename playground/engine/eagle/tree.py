@@ -43,13 +43,16 @@ class DraftPool:
 
 
 def expand(step: Callable, root_logp: torch.Tensor, root_state, depth: int, top_k: int,
-           draft_ids: torch.Tensor, stop_below: float = 0.0) -> DraftPool:
+           draft_ids: torch.Tensor, stop_below: float = 0.0,
+           keep_expanding: Callable[[torch.Tensor, torch.Tensor], bool] | None = None) -> DraftPool:
     """Step 1 (expansion), batched per level.
 
     A further level is expanded only while the likeliest node of the newest level has a value
     (path probability) of at least ``stop_below``: no child of it can be worth more, so when that
     is less than what a draft call costs (relative to a target step) the level cannot pay for
-    itself. With 0 (EAGLE-2's rule) all ``depth`` levels are expanded.
+    itself; and only while ``keep_expanding(values, frontier_values)`` (every pool node's value
+    ``(m,)`` and the values ``(f,)`` of the nodes the level would expand) says so. With neither
+    (EAGLE-2's rule) all ``depth`` levels are expanded.
 
     Args:
         step: ``step(states, tokens, parent_entries, level) -> (logp, states)``: runs the draft on the
@@ -80,6 +83,8 @@ def expand(step: Callable, root_logp: torch.Tensor, root_state, depth: int, top_
             break
         # 1a. The top_k nodes of the newest level (by score) are expanded.
         order = all_scores[level_nodes].topk(min(top_k, len(level_nodes))).indices
+        if keep_expanding is not None and not keep_expanding(all_scores.exp(), all_scores[level_nodes[order]].exp()):
+            break
         frontier = level_nodes[order].tolist()
         anc = []
         for node in frontier:
@@ -111,21 +116,51 @@ def expand(step: Callable, root_logp: torch.Tensor, root_state, depth: int, top_
                      torch.cat(logps).float(), torch.cat(depths).long())
 
 
-def choose_size(values: torch.Tensor, cost: Callable[[int], float], most: int) -> int:
-    """``total_tokens = auto``: the n <= ``most`` maximising ``(1 + sum of the n largest values) / cost(n + 1)``.
+def best_rate(values: torch.Tensor, cost: Callable[[int], float], most: int, extra: float = 0.0) -> tuple[int, float]:
+    """The n <= ``most`` maximising ``(1 + sum of the n largest values) / (cost(n + 1) + extra)``, and that rate.
 
     Args:
         values: ``(m,)`` estimated acceptance probability of each node (exp of its score).
         cost: relative cost of verifying q tokens (1.0 at q = 1).
+        extra: a cost every size pays alike (relative to a plain step; a draft level still to run).
+
+    Returns:
+        ``(n, expected tokens per unit of cost)``; ties go to the smaller n (n = 0: a plain step).
     """
     v = values.float().sort(descending=True).values[:most]
-    expected = 1.0 + torch.cumsum(v, 0)
-    best_n, best = 0, 1.0 / cost(1)
+    expected = (1.0 + torch.cumsum(v, 0)).tolist()
+    best_n, best = 0, 1.0 / (cost(1) + extra)
     for n in range(1, len(v) + 1):
-        score = float(expected[n - 1]) / cost(n + 1)
+        score = expected[n - 1] / (cost(n + 1) + extra)
         if score > best:
             best_n, best = n, score
-    return best_n
+    return best_n, best
+
+
+def choose_size(values: torch.Tensor, cost: Callable[[int], float], most: int) -> int:
+    """``total_tokens = auto``: the n <= ``most`` maximising ``(1 + sum of the n largest values) / cost(n + 1)``
+    (:func:`best_rate`)."""
+    return best_rate(values, cost, most)[0]
+
+
+def next_level_pays(values: torch.Tensor, frontier: torch.Tensor, child_probs: torch.Tensor,
+                    cost: Callable[[int], float], most: int, level_cost: float) -> bool:
+    """Whether one more draft level is expected to raise :func:`best_rate` by more than it costs.
+
+    The level would give each frontier node (value v) children worth about ``v * child_probs[r]``
+    (``child_probs``: ``(k,)`` the draft's mean r-th largest child probability, measured on earlier
+    expansions). The level is worth running when the best rate over the pool with those children,
+    every size paying ``level_cost`` more (one draft call, relative to a plain target step), beats
+    the best rate over the pool as it is. It looks one level ahead only (each further level asks
+    again). The tree's correctness never depends on it: it only decides how much is drafted.
+
+    Args:
+        values: ``(m,)`` every pool node's value; frontier: ``(f,)`` the values of the nodes the
+        level would expand; cost, most: as for :func:`best_rate`.
+    """
+    now = best_rate(values, cost, most)[1]
+    guess = (frontier.float()[:, None] * child_probs.float()[None, :]).reshape(-1)
+    return best_rate(torch.cat([values.float(), guess]), cost, most, level_cost)[1] > now
 
 
 def rerank(pool: DraftPool, total_tokens: int) -> tuple[list[int], list[int]]:
