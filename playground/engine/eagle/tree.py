@@ -11,7 +11,9 @@ the product of the draft probabilities along its path (its cumulative log-probab
    score never exceeds its parent's, so the kept set is a tree (ties go to the shallower node).
 
 ``total_tokens`` may be chosen per step (``auto``): the n that maximises expected tokens per step,
-``1 + sum of the n best values``, over the measured cost of verifying ``n + 1`` tokens.
+``1 + sum of the n best values``, over the measured cost of verifying ``n + 1`` tokens
+(:func:`best_rate`); with it a level is expanded only when it is expected to raise that rate by
+more than the level costs (:func:`next_level_pays`, this project's rule, not EAGLE-2's).
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ def expand(step: Callable, root_logp: torch.Tensor, root_state, depth: int, top_
         depth, top_k: levels and children per expanded node.
         draft_ids: ``(draft_vocab_size,)`` target id of each draft id.
         stop_below: the early stop above (a probability; 0: never).
+        keep_expanding: the rule above, asked before each level after the first (None: always);
+            the drafter's ``auto`` passes :func:`next_level_pays`.
     """
     k = min(top_k, root_logp.shape[0])
     lp, ix = root_logp.float().topk(k)
