@@ -227,7 +227,8 @@ EAGLE_TOTAL_TOKENS_KNOB = ChoiceKnob(
     "total_tokens", "Tree nodes verified", ("auto",), "auto", parse=_total_tokens,
     custom_label=f"an integer in [1, {MAX_EAGLE_TOTAL_TOKENS}]",
     info="EAGLE-2: verify the best nodes by cumulative draft probability; auto: per step, as many as pay for "
-         "their verification on this device's measured cost curve.")
+         "their verification on this device's measured cost curve, and draft a level only when it is expected "
+         "to pay for itself.")
 EAGLE_KNOBS = (EAGLE_DEPTH_KNOB, EAGLE_TOP_K_KNOB, EAGLE_TOTAL_TOKENS_KNOB)
 
 GENERATION_KNOBS = (MAX_NEW_TOKENS_KNOB, TEMPERATURE_KNOB, TOP_P_KNOB, TOP_K_KNOB, SEED_KNOB)
