@@ -21,7 +21,7 @@ paper, code written here:
    the kept nodes form a tree.
 
 Unlike suffix decoding's trees (the request and this engine's earlier outputs) the datastore is
-fixed and large (about 1.5 million tokens for the default target), so it drafts in free text where
+fixed and large (about 1.7 million tokens for the default target), so it drafts in free text where
 no earlier output repeats. The proposal is deterministic, so under sampling the verifier uses the
 one-hot rule and the output keeps the target's distribution.
 """
