@@ -406,8 +406,11 @@ def test_zerogpu_forked_path_equals_the_normal_path(real_target):
     spaces = make_spaces_standin()
     gpu_run = worker.decorate(worker.stream_run, worker.run_duration, spaces_module=spaces)
     gpu_measure = worker.decorate(worker.measure, 60, spaces_module=spaces)
+    # budget off: the budget's choices follow wall-clock step costs, which differ between two runs and
+    # would cut the steps differently; this test is about the forked path carrying everything over.
     args = run_arguments("Repeat: the cat sat on the mat. The cat sat on the mat.",
-                         ["autoregressive", "prompt_lookup"], max_new_tokens=10)
+                         ["autoregressive", "prompt_lookup"], {"prompt_lookup": {"budget": "off"}},
+                         max_new_tokens=10)
 
     def final(stream):
         out = list(run_comparison(engine, *args, stream=stream))
