@@ -66,6 +66,9 @@ class Engine:
         self._persistent: dict[str, Any] = {}
         self.calibrations: dict[str, int] = {}
         """How many times each :meth:`persistent` key's factory ran (1 each, unless forgotten)."""
+        self.making: str | None = None
+        """The :meth:`persistent` key whose factory is running now (a calibration timing the
+        device, a datastore loading), else None: the page names it while a run waits for it."""
 
     @classmethod
     def load(cls, target: str, draft: str | None = None, medusa: str | None = None,
@@ -246,7 +249,11 @@ class Engine:
         with self._lock:
             if key not in self._persistent:
                 self.calibrations[key] = self.calibrations.get(key, 0) + 1
-                self._persistent[key] = factory()
+                outer, self.making = self.making, key
+                try:
+                    self._persistent[key] = factory()
+                finally:
+                    self.making = outer
             return self._persistent[key]
 
     def has_persistent(self, key: str) -> bool:

@@ -35,7 +35,7 @@ from . import step_inspector, theory_tab, wording, worker
 from .inputs import STOP_INPUT, _parse, input_names, model_settings_note, run_arguments, stop_lines  # noqa: F401
 from .knobs import knob_input
 from .legend import legend_sources  # noqa: F401  (read as app.legend_sources)
-from .run_control import StopSignals, reading_status
+from .run_control import EventPump, StopSignals, reading_status, waiting_status
 from .toast import warning
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,8 @@ UI_REFRESH_S = 0.08
 """Least time between two streamed updates of the text panels (the last one is always sent)."""
 CHART_REFRESH_S = 0.4
 """Least time between two chart updates while streaming (a figure is resent whole)."""
+WAITING_STATUS_S = 2.0
+"""Seconds a run waits for its first event before the status says what the engine is doing."""
 CONCURRENT_RUNS = 2
 """Runs served at once (more wait in the queue)."""
 QUEUE_SIZE = 32
@@ -244,9 +246,12 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
         engine: the loaded engine.
         values: the input values in :func:`input_names` order (see :func:`run_arguments`).
         stream: the plain-data run function (tests pass a decorated one).
-        stop: a ``threading.Event`` (see :mod:`.run_control`): once set, the run ends after the
-            current step, every unfinished panel is marked stopped, and the last update says
-            "Stopped after N tokens".
+        stop: a ``threading.Event`` (see :mod:`.run_control`): once set, the page's run ends at
+            once (within :data:`~.run_control.POLL_S`), every unfinished panel is marked stopped
+            and the last update says "Stopped after N tokens"; the engine run ends after its
+            current step (a one-time calibration in progress finishes in the background and is
+            kept). While the first step has not come (a calibration, another run holding the
+            engine), the status says what the engine is doing.
 
     Yields:
         Tuples of output values (status, then per method: tokens HTML, stats line, badge;
@@ -265,9 +270,17 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
         view = _RunView(engine, specs, settings, prompt)
         labels = ", ".join(METHODS[s.name].label for s in specs)
         start = last = last_chart = time.perf_counter()
-        events = stream(worker.register(engine), prompt, worker.spec_dicts(specs), worker.settings_dict(settings))
+        # Pulled in a helper thread, so Stop answers at once even inside a long engine call.
+        events = EventPump(stream(worker.register(engine), prompt, worker.spec_dicts(specs),
+                                  worker.settings_dict(settings)), stop)
         stopped, prompt_tokens = False, 0
         for event in events:
+            if event is None:  # nothing yet: say what the engine is doing before the first step
+                waited = time.perf_counter() - start
+                if not prompt_tokens and waited >= WAITING_STATUS_S and time.perf_counter() - last >= 1.0:
+                    yield _message_only(render.status_html("running", waiting_status(engine.making, waited)))
+                    last = time.perf_counter()
+                continue
             if stop is not None and stop.is_set():
                 stopped = True
                 break
@@ -294,7 +307,7 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
                 last = now
         stopped = stopped or (stop is not None and stop.is_set() and any(r is None for r in view.reasons.values()))
         if stopped:
-            events.close()  # ends the engine run now, before the last update is sent
+            events.close()  # ends the engine run after its current call, before the last update is sent
             view.status = render.status_html("stopped", view.stop())
         else:
             view.status = render.status_html(
@@ -313,7 +326,7 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
             "error", f"Unexpected error: {type(e).__name__}: {e}. The server is still running: "
                      "try again or change the settings."))
     finally:
-        if events is not None and hasattr(events, "close"):
+        if events is not None:
             events.close()  # cancels the run after its current step
 
 

@@ -3,8 +3,10 @@
 Gradio's own ``cancels=`` closes a streaming handler from another request, so an update the
 handler had already queued could still reach the page after the Stop button's own update
 ("Stopped" shown, then more text). Here Stop only sets a flag; the run's generator checks it
-after every step, ends its engine run and sends the final "Stopped after N tokens" state as
-its *last* update, so nothing can follow it.
+after every event and every :data:`POLL_S` while it waits (the engine's events are pulled in
+a helper thread, :class:`EventPump`, so a long engine call such as the first run's step-cost
+calibration cannot hold Stop up), ends its engine run and sends the final "Stopped after N
+tokens" state as its *last* update, so nothing can follow it.
 
 The Run button is disabled (and Stop enabled) by an unqueued handler before the run is
 queued, and the state is restored when the run ends, so a second Run cannot be clicked while
@@ -16,7 +18,9 @@ their own). This module imports no gradio.
 
 from __future__ import annotations
 
+import queue
 import threading
+from typing import Iterator
 
 from playground.engine import METHODS
 
@@ -66,6 +70,92 @@ class StopSignals:
     def __len__(self) -> int:
         with self._lock:
             return len(self._flags)
+
+
+POLL_S = 0.25
+"""How often (seconds) :class:`EventPump` checks the stop flag while no event arrives."""
+
+
+class EventPump:
+    """Pull a run's events in a helper thread, so that Stop answers at once even while the
+    engine is inside one long call (a one-time calibration timing the device, a datastore
+    loading, another session's run holding the engine, a long prefill).
+
+    Iterating yields each event of ``events`` in order, or ``None`` when ``poll_s`` passed with
+    no event (the caller may update its status), and ends when ``events`` is exhausted or
+    ``stop`` is set. An exception raised by ``events`` is raised again by the iteration.
+    :meth:`close` ends the run: ``events`` (a generator) is closed in the helper thread once
+    its current ``next()`` returns (a generator cannot be closed while it runs), which cancels
+    the engine run after its current step; whatever the engine is inside then completes in the
+    background (a calibration is kept for the next run).
+
+    Args:
+        events: the run's event iterator (:func:`~playground.ui.worker.stream_run`'s generator).
+        stop: the run's stop flag (None: never stopped from outside).
+        poll_s: seconds between checks of ``stop`` while waiting.
+    """
+
+    _END = object()
+
+    def __init__(self, events, stop: threading.Event | None = None, poll_s: float = POLL_S):
+        self.events, self.stop, self.poll_s = events, stop, poll_s
+        self._queue: queue.Queue = queue.Queue()
+        self._abandoned = threading.Event()
+        self._thread = threading.Thread(target=self._pull, name="run-events", daemon=True)
+        self._thread.start()
+
+    def _pull(self) -> None:
+        try:
+            for event in self.events:
+                if self._abandoned.is_set():
+                    break
+                self._queue.put(event)
+            self._queue.put(self._END)
+        except BaseException as e:  # handed to the consumer, raised there
+            self._queue.put(e)
+        finally:
+            close = getattr(self.events, "close", None)
+            if close is not None:
+                close()
+
+    def __iter__(self) -> Iterator[dict | None]:
+        while not self._abandoned.is_set():
+            if self.stop is not None and self.stop.is_set():
+                return
+            try:
+                item = self._queue.get(timeout=self.poll_s)
+            except queue.Empty:
+                yield None
+                continue
+            if item is self._END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        """End the run (see the class); returns at once, never waits for the engine."""
+        self._abandoned.set()
+
+
+def waiting_status(making: str | None, seconds: float) -> str:
+    """The status while a run waits for its first event: what the engine is doing meanwhile.
+
+    Args:
+        making: :attr:`~playground.engine.Engine.making` (the one-time work running now), or None.
+        seconds: how long the run has waited.
+    """
+    what = {
+        "step_cost": "timing this device's decoding steps for the per-step budget (once per model; about a "
+                     "minute on a small CPU)",
+        "verify_cost": "timing this device's verification cost (once per model)",
+        "medusa_auto_tree": "timing Medusa's candidate trees on this device (once per model)",
+    }.get(making or "")
+    if what is None and making and making.startswith("datastore"):
+        what = "loading REST's datastore (once)"
+    if what is None:
+        what = "the first step (reading the prompt, or waiting while another run uses the engine)"
+    return f"Preparing: {what}… {seconds:.0f} s. Stop ends it now."
 
 
 def reading_status(view, prompt_tokens: int, labels: str) -> str:

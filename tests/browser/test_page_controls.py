@@ -45,10 +45,9 @@ def test_twenty_run_stop_cycles_each_end_stopped(browser, url):  # noqa: F811
             expect(run).to_be_disabled(timeout=10_000)  # no second run while one is in flight
             page.wait_for_timeout(rng.uniform(0, 2500))  # a random moment: queued, prefill or mid-stream
             stop.click()
-            # The first run also times this device's step-cost curve for the budget (one step under
-            # the engine's lock: a minute or more on a slow 2-core CPU beside other jobs), and Stop
-            # takes effect after the current step.
-            expect(status).to_contain_text("Stopped after", timeout=60_000 if cycle else 300_000)
+            # Stop answers at once, even while the first run still times this device's step-cost
+            # curve for the budget (a minute or more on a slow 2-core CPU; it finishes in the background).
+            expect(status).to_contain_text("Stopped after", timeout=30_000)
             expect(run).to_be_enabled(timeout=30_000)
             expect(stop).to_be_disabled()
             text = {m: page.locator(f"#panel-{m}").inner_text() for m in METHODS}

@@ -1,0 +1,124 @@
+"""Stop answers at once, whatever the engine is doing: :class:`playground.ui.run_control.EventPump`
+pulls a run's events in a helper thread, and the page's run handler ends on Stop while the engine is
+still inside one long call (the first run's step-cost calibration takes a minute on a 2-core CPU);
+while it waits for the first event the status says what the engine is doing.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+
+import pytest
+
+from playground.ui.run_control import POLL_S, EventPump, waiting_status
+
+
+def _blocking_events(release: threading.Event, log: list, n_after: int = 3):
+    """A run whose first ``next()`` blocks until ``release`` (a calibration), then yields ``n_after`` events."""
+    try:
+        log.append("started")
+        release.wait(30)
+        for i in range(n_after):
+            log.append(f"event {i}")
+            yield {"i": i}
+    finally:
+        log.append("closed")
+
+
+def test_pump_yields_every_event_in_order_then_ends():
+    items = [x for x in EventPump(iter([{"i": i} for i in range(5)]), None, poll_s=0.01) if x is not None]
+    assert items == [{"i": i} for i in range(5)]
+
+
+def test_pump_ends_on_stop_while_the_engine_is_inside_one_call_and_closes_the_run_after_it():
+    release, stop, log = threading.Event(), threading.Event(), []
+    pump = EventPump(_blocking_events(release, log), stop, poll_s=0.02)
+    waits, t0 = 0, time.perf_counter()
+    for item in pump:
+        assert item is None  # nothing arrives while the engine is busy
+        waits += 1
+        if waits == 3:
+            stop.set()
+    assert time.perf_counter() - t0 < 2.0, "Stop waited for the engine's call"
+    pump.close()
+    assert log == ["started"]  # still inside its call: not resumed, not closed under it
+    release.set()  # the call returns: the helper closes the run instead of going on
+    pump._thread.join(5)
+    assert not pump._thread.is_alive()
+    assert log == ["started", "event 0", "closed"]
+
+
+def test_pump_raises_the_runs_exception_in_the_consumer():
+    def failing():
+        yield {"i": 0}
+        raise ValueError("bad knob")
+
+    pump = EventPump(failing(), None, poll_s=0.01)
+    with pytest.raises(ValueError, match="bad knob"):
+        list(pump)
+
+
+def test_pump_close_ends_an_endless_run():
+    log = []
+
+    def endless():
+        try:
+            while True:
+                yield {}
+                time.sleep(0.001)
+        finally:
+            log.append("closed")
+
+    pump = EventPump(endless(), None, poll_s=0.01)
+    next(iter(pump))
+    pump.close()
+    pump._thread.join(5)
+    assert not pump._thread.is_alive() and log == ["closed"]
+
+
+def test_waiting_status_names_the_engines_one_time_work():
+    assert "step-cost" not in waiting_status(None, 3)
+    assert "per-step budget" in waiting_status("step_cost", 12.4) and "12 s" in waiting_status("step_cost", 12.4)
+    assert "REST's datastore" in waiting_status("datastore/data/selfgen/default", 3)
+    assert "Medusa" in waiting_status("medusa_auto_tree", 3)
+    assert "the first step" in waiting_status("learned/suffix/cache", 3)
+    assert "Stop ends it now" in waiting_status(None, 3)
+
+
+def test_page_run_stops_at_once_during_a_calibration_and_says_what_it_waits_for(real_target):
+    """The run handler with a stream that sits in a 'calibration' (``engine.making`` set) for as long
+    as the test likes: the status names the calibration after ``WAITING_STATUS_S``; Stop then ends
+    the page's run within a poll, every panel stopped before its first token."""
+    from playground.engine import Engine
+    from playground.ui import app
+    from playground.ui.app import run_arguments, run_comparison
+
+    engine = Engine(real_target)
+    release, stop, log = threading.Event(), threading.Event(), []
+
+    def stream(engine_key, prompt, specs, settings):
+        engine.making = "step_cost"
+        try:
+            release.wait(30)
+        finally:
+            engine.making = None
+        yield from _blocking_events(threading.Event(), log, 0)
+
+    args = run_arguments("Hello", ["autoregressive", "prompt_lookup"], max_new_tokens=8)
+    updates, t0, stopped_at = [], time.perf_counter(), None
+    try:
+        for values in run_comparison(engine, *args, stream=stream, stop=stop):
+            updates.append(values)
+            status = html.unescape(str(values[0]))
+            if "per-step budget" in status and stopped_at is None:
+                stop.set()
+                stopped_at = time.perf_counter()
+    finally:
+        release.set()
+    assert stopped_at is not None, "the status never said the engine was calibrating"
+    assert stopped_at - t0 >= app.WAITING_STATUS_S
+    assert time.perf_counter() - stopped_at < 10 * POLL_S + 1.0, "Stop waited for the calibration"
+    final = html.unescape(" ".join(str(v) for v in updates[-1]))
+    assert "Stopped after 0 tokens" in final and "stopped before the first token" in final
