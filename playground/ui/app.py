@@ -483,7 +483,7 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
         run_event.then(insight.after_run, [last_run, models.key], [*run_charts, *draft_insight],
                        api_visibility="private", queue=False)
         runs.follow(run_event, last_run)  # the History tab
-        # Stop sets this session's flag; the run ends after its current step and says so itself.
+        # Stop sets this session's flag; the run ends at once (the engine after its current step) and says so itself.
         def stop(request: gr.Request):
             STOPS.stop(getattr(request, "session_hash", None))
 
