@@ -154,6 +154,14 @@ def _progress(role: str):
     return show
 
 
+def _can_time_here(engine) -> bool:
+    """Whether this process may time the target's steps now: not on a ZeroGPU Space, where the model
+    runs on the GPU only inside a ``@spaces.GPU`` call (the first run times it there)."""
+    from playground.ui import worker
+
+    return not (worker.on_spaces() and str(engine.target.device).startswith("cuda"))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     problem = address_problem(args.host, args.port)
@@ -193,6 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"\nerror: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr, flush=True)
         return 1
+    if _can_time_here(engine):
+        # The per-step budget's one-time timing of this device, once the page is up (building it
+        # times the verify cost under the same lock), while the user opens it and types: the first
+        # run then starts at once (a run started sooner waits, and the page says so).
+        from playground.engine import time_in_background
+
+        time_in_background(engine)
     url = (demo.local_url or f"http://{args.host}:{args.port}/").rstrip("/")
     print(f"\nRunning on {url}\n(press Ctrl+C to stop)", flush=True)
     # SIGTERM (a service manager, `kill`) exits like Ctrl-C, so that exit handlers stop vLLM servers started here.

@@ -67,3 +67,15 @@ def test_port_in_use_is_named_before_loading(capsys, no_model_loading):
 def test_a_usable_address_passes_the_check():
     assert app.address_problem("127.0.0.1", 0) is None
     assert app.address_problem("localhost", 0) is None
+
+
+def test_the_device_is_timed_at_start_except_on_a_zerogpu_space(monkeypatch):
+    """app.main starts the budget's step-cost timing after loading, on a CPU or a local GPU and on a CPU
+    Space; not on a ZeroGPU Space, where the model is on the GPU only inside a ``@spaces.GPU`` call."""
+    from types import SimpleNamespace
+
+    cpu, gpu = (SimpleNamespace(target=SimpleNamespace(device=d)) for d in ("cpu", "cuda:0"))
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    assert app._can_time_here(cpu) and app._can_time_here(gpu)
+    monkeypatch.setenv("SPACE_ID", "someone/playground")
+    assert app._can_time_here(cpu) and not app._can_time_here(gpu)

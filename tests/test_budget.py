@@ -410,3 +410,28 @@ def test_gate_memory_carries_the_rate_into_the_next_run():
         assert second.gate.first_rate == pytest.approx(first.gate_memory.prior(1.0))
         engine.forget("learned/")
         assert engine.make_drafter(MethodSpec(method, {"budget": "auto"})).gate_memory.rate is None
+
+
+def test_time_in_background_measures_once_and_the_first_run_uses_it():
+    """The app starts the step-cost timing right after loading (``time_in_background``); a run with
+    budget auto afterwards reuses that curve instead of timing again, and names it while it runs
+    (``engine.making``); its greedy output still equals the baseline."""
+    from playground.engine import time_in_background
+
+    model = tiny_llama(3)
+    engine = Engine(FakeLoaded(model))
+    seen = []
+    original = engine.persistent
+
+    def watch(key, factory):  # what engine.making says while the timing runs
+        return original(key, lambda: (seen.append(engine.making), factory())[1])
+
+    engine.persistent = watch
+    thread = time_in_background(engine)
+    thread.join(120)
+    assert not thread.is_alive() and engine.has_persistent("step_cost")
+    assert seen == ["step_cost"] and engine.making is None
+    prompt, baseline, _ = clear_greedy_baseline(engine.target_lm, torch.Generator().manual_seed(4), 10, 5, 24)
+    out = [t for e in engine.run_one(prompt, MethodSpec("prompt_lookup", {"budget": "auto"}),
+                                     GenerationSettings(max_new_tokens=24)) for t in e.tokens]
+    assert out == baseline and engine.calibrations["step_cost"] == 1

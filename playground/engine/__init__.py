@@ -74,6 +74,7 @@ _EXPORTS: dict[str, str] = {
     "Datastore": "rest", "RestDrafter": "rest", "read_answers": "rest", "DEFAULT_DATASTORE_DIR": "rest",
     # the per-step budget
     "apply_budget": "budget", "StepCost": "budget", "RunRate": "budget", "engine_step_cost": "step_cost",
+    "time_in_background": "step_cost",
     # the CPU fast paths
     "cpu_linear": None, "half_weight_linear_layers": "cpu_linear", "cpu_attention": None,
 }

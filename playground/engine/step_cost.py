@@ -7,6 +7,8 @@ method's drafter with its ``budget`` knob (:func:`build_with_budget`).
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -16,6 +18,8 @@ from .budget import BUDGET_AUTO, BUDGET_OFF, STEP_COST_SIZES, AcceptanceEstimato
 from .theory import VerifyCost, robust_monotone
 from .drafter import Drafter
 from .tree import Candidates
+
+log = logging.getLogger(__name__)
 
 
 class _FixedDrafter(Drafter):
@@ -239,6 +243,28 @@ def engine_step_cost(engine) -> StepCost:
         long_ids = (ids * (long_len // len(ids) + 1))[:long_len] if long_len > 2 * len(ids) else None
         return measure_step_cost(target, ids, sizes, rounds, long_prompt_ids=long_ids)
     return engine.persistent("step_cost", measure)
+
+
+def time_in_background(engine) -> threading.Thread:
+    """Start measuring ``engine``'s step-cost curve (:func:`engine_step_cost`) in a daemon thread.
+
+    The app calls it right after loading, so that the first run on the page does not wait for the
+    one-time timing (about a minute on a 2-core CPU) while the user types a prompt. The timing holds
+    the engine's lock as it always does; a run started meanwhile waits for it (the page says so)
+    and then uses the same curve. An error is logged, not raised: the first run then measures again.
+
+    Returns:
+        The started thread (``join`` it to wait).
+    """
+    def work() -> None:
+        try:
+            engine_step_cost(engine)
+        except Exception:  # noqa: BLE001 - a background warm-up must not take the app down
+            log.exception("timing this device's decoding steps in the background failed")
+
+    thread = threading.Thread(target=work, name="step-cost-timing", daemon=True)
+    thread.start()
+    return thread
 
 
 def learned_key(params: dict) -> str:
