@@ -179,6 +179,11 @@ def collate(batch: list[dict]) -> dict:
             "mask": pad("x", 0).new_tensor([[1] * len(e["x"]) + [0] * (T - len(e["x"])) for e in batch])}
 
 
+def to_device(batch: dict, device: torch.device) -> dict:
+    """A :func:`collate` batch with every tensor on ``device``."""
+    return {k: v.to(device) for k, v in batch.items()}
+
+
 def loss_fn(logits: torch.Tensor, b: dict) -> torch.Tensor:
     """Weighted mean of hard cross-entropy and soft (top-k) cross-entropy.
 
@@ -200,8 +205,9 @@ def evaluate(draft, examples: list[dict], batch_size: int = 16) -> dict:
     draft.eval()
     agree = total = 0
     losses = []
+    device = next(draft.parameters()).device
     for i in range(0, len(examples), batch_size):
-        b = collate(examples[i:i + batch_size])
+        b = to_device(collate(examples[i:i + batch_size]), device)
         logits = draft(input_ids=b["x"], attention_mask=b["mask"]).logits
         losses.append(float(loss_fn(logits, b)))
         answer = (b["w"] == 1.0) & (b["mask"] == 1)
@@ -230,7 +236,7 @@ def time_per_token(model, n: int = 30, context: int = 128) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from playground.engine import load_model
+    from playground.engine import load_model, resolve_device
 
     p = argparse.ArgumentParser(prog="python -m playground.training.draft", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
@@ -259,9 +265,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init", type=Path, help="start from this earlier draft (its weights, architecture and "
                                              "vocabulary; --vocab, --hidden, --layers ... are then ignored)")
     p.add_argument("--seed", type=int, default=0, help="random seed (split and batch order)")
+    p.add_argument("--device", default="cpu",
+                   help="device the draft trains on: cpu, cuda, cuda:N, mps or auto (the target stays on the CPU: "
+                        "it only seeds the draft's embedding and is timed at the end)")
     args = p.parse_args(argv)
 
     started = time.perf_counter()
+    try:
+        device = resolve_device(args.device)
+    except ValueError as e:
+        print(f"error: --device {args.device}: {e}", file=sys.stderr)
+        return 2
     target = load_model(args.target, device="cpu", dtype="float32")
     records = load_records(args.data)
     train, held = split_records(records, args.held_out, args.seed)
@@ -288,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         draft = init_draft(target.model, token_map, args.hidden, args.layers, args.intermediate, args.heads,
                            args.kv_heads)
+    draft.to(device)
     cfg = draft.config
     n_params = sum(p.numel() for p in draft.parameters())
     print(f"[draft] Llama draft: hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, {n_params / 1e6:.2f} M "
@@ -330,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     while step < total_steps:
         if not order:
             order = torch.randperm(len(train_ex), generator=g).tolist()
-        batch = collate([train_ex[i] for i in order[:args.batch_size]])
+        batch = to_device(collate([train_ex[i] for i in order[:args.batch_size]]), device)
         del order[:args.batch_size]
         loss = loss_fn(draft(input_ids=batch["x"], attention_mask=batch["mask"]).logits, batch)
         loss.backward()
@@ -352,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     after = evaluate(draft, held_ex)
 
     # Save: an ordinary transformers folder, the target's tokenizer, the token map, a summary.
-    draft.eval()
+    draft.eval().to("cpu")
     args.out.mkdir(parents=True, exist_ok=True)
     draft.to(torch.float16).save_pretrained(args.out)
     draft.to(torch.float32)
