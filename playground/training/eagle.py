@@ -291,6 +291,7 @@ def evaluate(head, items, records, steps, target_rows, batch_tokens) -> dict:
     with torch.no_grad():
         for group in batches(records, batch_tokens, random.Random(0)):
             f, n, h, a = make_batch([items[i] for i in group], [records[i] for i in group], steps, head, target_rows)
+            f, n, h, a = (x.to(target_rows.device) for x in (f, n, h, a))
             _, _, agree = ttt_loss(head, f, n, h, a, steps, target_rows)
             for j, (hit, ch, m) in enumerate(agree):
                 sums[j][0] += hit
