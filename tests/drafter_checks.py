@@ -78,7 +78,7 @@ class SuccessorModel(torch.nn.Module):
     def forward(self, input_ids, position_ids, **kwargs):
         self.inner(input_ids=input_ids, position_ids=position_ids, **kwargs)
         want = [self.successor.get(t, self.filler) for t in input_ids[0].tolist()]
-        logits = torch.full((1, len(want), self.config.vocab_size), -10.0)
+        logits = torch.full((1, len(want), self.config.vocab_size), -10.0, device=input_ids.device)
         logits[0, torch.arange(len(want)), torch.tensor(want)] = 10.0
         return SimpleNamespace(logits=logits)
 

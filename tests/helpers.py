@@ -21,6 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from playground.engine.autoregressive import AutoregressiveDrafter
 from playground.engine import GenerationSettings, decode
 from playground.engine import DecodeState, Drafter, StepResult
+from playground.engine.lossless import NEAR_TIE_MARGIN
 from playground.engine.target import CausalLM
 from playground.engine import Candidates
 from playground.engine.verify import Verdict
@@ -75,7 +76,7 @@ def noisy_copy(model: LlamaForCausalLM, scale: float, seed: int) -> LlamaForCaus
     with torch.no_grad():
         for name, p in draft.named_parameters():
             if "norm" not in name:
-                p.add_(torch.randn(p.shape, generator=g) * scale)
+                p.add_((torch.randn(p.shape, generator=g) * scale).to(p.device, p.dtype))
     return draft
 
 
@@ -84,12 +85,13 @@ def low_entropy_prompt(generator: torch.Generator, length: int, token_range: int
     return torch.randint(0, token_range, (length,), generator=generator).tolist()
 
 
-MIN_BASELINE_MARGIN = 1e-3
+MIN_BASELINE_MARGIN = 1e-3 if TEST_DTYPE == torch.float32 else NEAR_TIE_MARGIN.get(TEST_DTYPE, 0.5)
 """Smallest top-2 logit margin allowed in a greedy baseline that tests compare against.
 
 Batched and one-token-at-a-time fp32 forwards of the tiny models differ by up to ~1e-5 in
 logits, so an argmax decided by less than that may legitimately flip between the baseline and
-a speculative run; 1e-3 leaves a factor of 100."""
+a speculative run; 1e-3 leaves a factor of 100. Under the GPU check's other dtypes it is that
+dtype's near-tie margin (bfloat16: 0.5)."""
 
 
 def clear_greedy_baseline(target: CausalLM, generator: torch.Generator, length: int, token_range: int,
@@ -160,7 +162,7 @@ class ScriptedModel(torch.nn.Module):
         self.inner(input_ids=input_ids, position_ids=position_ids, **kwargs)  # fills the cache
         index = (position_ids[0] + 1 - self.prompt_len).tolist()
         want = [self.script[i] if 0 <= i < len(self.script) else self.filler for i in index]
-        logits = torch.full((1, len(want), self.config.vocab_size), -10.0)
+        logits = torch.full((1, len(want), self.config.vocab_size), -10.0, device=input_ids.device)
         logits[0, torch.arange(len(want)), torch.tensor(want)] = 10.0
         return SimpleNamespace(logits=logits)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import GreedyBiasedDraftLM, clear_greedy_baseline, noisy_copy, run_events, tiny_llama
+from helpers import TEST_DTYPE, GreedyBiasedDraftLM, clear_greedy_baseline, noisy_copy, run_events, tiny_llama
 from playground.engine import check_lossless
 from playground.engine import GenerationSettings, generate
 from playground.engine.draft_model import DraftModelDrafter
@@ -41,7 +41,7 @@ def sweep():
 
 
 def _check(name, seed, knobs, baseline, margins, out):
-    verdict = check_lossless(baseline, margins, out)
+    verdict = check_lossless(baseline, margins, out, TEST_DTYPE)
     return None if verdict.matched else f"{name} seed={seed} {knobs}: {verdict.message()}"
 
 

@@ -104,7 +104,7 @@ class EagleDrafter(Drafter):
         """Fold the sorted top ``top_k`` child probabilities of ``(f, draft_vocab_size)`` logits into
         :attr:`child_probs` (a running mean: what :func:`.tree.next_level_pays` expects of a level)."""
         k = min(self.top_k, logits.shape[-1])
-        top = torch.softmax(logits.float(), -1).topk(k, -1).values.mean(0)
+        top = torch.softmax(logits.float(), -1).topk(k, -1).values.mean(0).cpu()
         self.child_probs = top if self.child_probs is None else 0.9 * self.child_probs + 0.1 * top
 
     def _gate_open(self) -> bool:

@@ -62,7 +62,8 @@ def expand(step: Callable, root_logp: torch.Tensor, root_state, depth: int, top_
             ``parent_entries``: for each, the list of its ancestors' entry indices, root side first)
             and returns their children's log-probabilities ``(f, draft_vocab_size)`` and their own
             states. The entry of frontier node i of this call is the i-th appended.
-        root_logp: ``(draft_vocab_size,)`` log-probabilities of the root's children.
+        root_logp: ``(draft_vocab_size,)`` log-probabilities of the root's children (any device; the
+            returned pool is on the CPU).
         root_state: the state (pre-norm output) of the root's entry.
         depth, top_k: levels and children per expanded node.
         draft_ids: ``(draft_vocab_size,)`` target id of each draft id.
@@ -70,8 +71,10 @@ def expand(step: Callable, root_logp: torch.Tensor, root_state, depth: int, top_
         keep_expanding: the rule above, asked before each level after the first (None: always);
             the drafter's ``auto`` passes :func:`next_level_pays`.
     """
+    # The pool's bookkeeping lives on the CPU: the head's log-probabilities come over once per level.
+    draft_ids = draft_ids.cpu()
     k = min(top_k, root_logp.shape[0])
-    lp, ix = root_logp.float().topk(k)
+    lp, ix = (x.cpu() for x in root_logp.float().topk(k))
     tokens, parents, scores, logps, depths = [draft_ids[ix]], [torch.full((k,), -1)], [lp], [lp], [torch.ones(k)]
     count = k
     level_nodes = torch.arange(k)  # pool indices of the newest level
@@ -102,7 +105,7 @@ def expand(step: Callable, root_logp: torch.Tensor, root_state, depth: int, top_
             states[node] = new_states[i]
         entries += len(frontier)
         # 1b. Each expanded node's top_k children join the pool.
-        clp, cix = logp.float().topk(min(top_k, logp.shape[-1]), -1)  # (f, k)
+        clp, cix = (x.cpu() for x in logp.float().topk(min(top_k, logp.shape[-1]), -1))  # (f, k)
         child_scores = all_scores[frontier][:, None] + clp
         f, kk = clp.shape
         new_idx = torch.arange(count, count + f * kk)
