@@ -10,6 +10,10 @@ reads them); the table is tokens/s over the baseline's per category (total token
     python scripts/bench_interleaved.py --questions FILE.jsonl --methods autoregressive,prompt_lookup,\
         prompt_lookup:budget=off,suffix --max-new-tokens 64 --threads 1 --out results.jsonl
 
+A/B of trained parts in one run: ``--alt eagle=DIR`` (also ``draft=``, ``medusa=``; repeatable) loads a
+second engine with those parts, and a method written ``NAME@alt`` (``eagle@alt``) runs on it, stepped
+round-robin with the rest against the same baseline.
+
 Learned state (suffix caches, recycling tables) is forgotten after the warm-up, so each method learns
 only from earlier questions' outputs of its own.
 """
@@ -25,10 +29,16 @@ import time
 import torch
 
 
+ALT = "@alt"
+
+
 def parse_method(text: str):
+    """``(label, MethodSpec, on_alt)``: the label is the text as given; ``NAME@alt`` runs on the ``--alt`` engine."""
     from playground.bench.cli import method_spec
 
-    return method_spec(text)
+    on_alt = text.endswith(ALT)
+    label, spec = method_spec(text[:-len(ALT)] if on_alt else text)
+    return (text if on_alt else label), spec, on_alt
 
 
 def main(argv=None) -> int:
@@ -44,17 +54,30 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="interleaved.jsonl")
     for part in ("draft", "medusa", "eagle"):
         ap.add_argument(f"--{part}", help=f"{part} spec (folder or hub id; default: the shipped one)")
+    ap.add_argument("--alt", action="append", default=[], metavar="PART=SPEC",
+                    help="a second engine whose PART (draft, medusa or eagle) is SPEC; methods NAME@alt run on it")
     args = ap.parse_args(argv)
+    alt_parts = dict(x.split("=", 1) for x in args.alt)
+    if set(alt_parts) - {"draft", "medusa", "eagle"}:
+        ap.error(f"--alt: parts are draft, medusa and eagle, not {sorted(set(alt_parts) - {'draft', 'medusa', 'eagle'})}")
     torch.set_num_threads(args.threads)
     from playground.bench import WARMUP_PROMPT, load_questions
     from playground.engine import Engine, RunOutput
     from playground.engine.decoding import GenerationSettings
 
     methods = [parse_method(m) for m in args.methods.split(",")]
-    assert methods[0][1].name == "autoregressive", "the baseline goes first"
-    names = {spec.name for _, spec in methods}
+    assert methods[0][1].name == "autoregressive" and not methods[0][2], "the baseline goes first"
+    if any(on_alt for *_, on_alt in methods) and not alt_parts:
+        ap.error("a method NAME@alt needs --alt PART=SPEC")
+    names = {spec.name for _, spec, on_alt in methods if not on_alt}
     engine = Engine.load("default", dtype=args.dtype, methods=sorted(names), draft=args.draft, medusa=args.medusa,
                          eagle=args.eagle)
+    alt = None
+    if alt_parts:
+        parts = {"draft": args.draft, "medusa": args.medusa, "eagle": args.eagle, **alt_parts}
+        alt = Engine.load("default", dtype=args.dtype, methods=sorted({s.name for _, s, a in methods if a}), **parts)
+    engines = [alt if on_alt else engine for *_, on_alt in methods]
+    methods = [(label, spec) for label, spec, _ in methods]
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens)
     questions = load_questions(args.questions)
     if args.per_category:
@@ -62,9 +85,12 @@ def main(argv=None) -> int:
         questions = [q for q in questions if seen.setdefault(q.category, []).append(q) or
                      len(seen[q.category]) <= args.per_category]
 
+    def drafters():
+        return [(label, eng.make_drafter(spec), eng) for (label, spec), eng in zip(methods, engines)]
+
     def run_all(ids, label_drafters):
-        outs = {label: RunOutput(label, {}) for label, _ in label_drafters}
-        streams = [(label, engine._steps(ids, label, d, settings, None)) for label, d in label_drafters]
+        outs = {label: RunOutput(label, {}) for label, *_ in label_drafters}
+        streams = [(label, eng._steps(ids, label, d, settings, None)) for label, d, eng in label_drafters]
         while streams:
             for item in list(streams):
                 event = next(item[1], None)
@@ -75,14 +101,15 @@ def main(argv=None) -> int:
         return outs
 
     warm = engine.encode_prompt(WARMUP_PROMPT)
-    run_all(warm, [(label, engine.make_drafter(spec)) for label, spec in methods])
-    engine.forget("learned/")
+    run_all(warm, drafters())
+    for eng in {id(e): e for e in engines}.values():
+        eng.forget("learned/")
     t0 = time.perf_counter()
     records = []
     with open(args.out, "w") as f, torch.inference_mode():
         for q in questions:
             ids = engine.encode_prompt(q.turns[0])
-            outs = run_all(ids, [(label, engine.make_drafter(spec)) for label, spec in methods])
+            outs = run_all(ids, drafters())
             for label, spec in methods:
                 o = outs[label]
                 s = o.last.stats
