@@ -284,6 +284,8 @@ def test_command_line_fits_the_schedule_to_the_time_budget(tmp_path, monkeypatch
     first, second = load_file(str(out / "model.safetensors")), load_file(str(tmp_path / "again" / "model.safetensors"))
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
     assert train_draft.main(["--data", str(data), "--out", str(tmp_path / "x"), "--init", str(tmp_path)]) == 2
+    # A device this machine does not have is refused before any work, with its name in the message.
+    assert train_draft.main(["--data", str(data), "--out", str(tmp_path / "y"), "--device", "tpu"]) == 2
 
 
 # ----------------------------------------------------------------------------------------------
