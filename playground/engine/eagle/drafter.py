@@ -184,7 +184,7 @@ class EagleDrafter(Drafter):
 
             def keep_expanding(values, frontier):
                 return next_level_pays(values, frontier, self.child_probs, cost, self.max_total, level_cost)
-        pool = expand(step, torch.log_softmax(root_logits, -1), root_h, depth, self.top_k, head.draft_ids.cpu(),
+        pool = expand(step, torch.log_softmax(root_logits, -1), root_h, depth, self.top_k, head.draft_ids,
                       keep_expanding=keep_expanding)
         if self.total_tokens == AUTO:
             n = choose_size(pool.scores.exp(), cost, self.max_total)
