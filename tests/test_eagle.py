@@ -466,3 +466,13 @@ def test_gate_counts_only_the_heads_own_first_token():
     rate, d.last_tree = d.gate.first_rate, None
     d.update(StepResult(merged, [1], bonus_token=3))
     assert d.gate.first_rate == rate
+
+
+def test_held_out_leaves_out_answers_the_training_records_have():
+    """A held-out record whose answer a training record also has (after another prompt) is left out of
+    the held-out figures; the others stay, and the training records are untouched."""
+    from playground.training.eagle import drop_seen_answers
+    train = [{"input_ids": [1, 2, 7, 8, 9], "prompt_len": 2}, {"input_ids": [3, 4, 5], "prompt_len": 1}]
+    held = [{"input_ids": [6, 7, 8, 9], "prompt_len": 1}, {"input_ids": [6, 7, 8], "prompt_len": 1},
+            {"input_ids": [4, 5], "prompt_len": 1}]
+    assert drop_seen_answers(train, held) == [held[1], held[2]]  # [5] is not the answer [4, 5]

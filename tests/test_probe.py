@@ -1,0 +1,88 @@
+"""The EAGLE probe (``python -m playground.training.probe``): benchmark records are read as the
+baseline's answers, the shipped head agrees with the real default target far above chance on real
+questions, the chain figures are consistent, and bad input is a clear error."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import torch
+
+from playground.training.probe import format_table, main, probe, read_baseline_answers
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+
+def _write(path, rows):
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "wt") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def test_read_baseline_answers_keeps_the_longest_autoregressive_answer(tmp_path):
+    a, b = tmp_path / "a.jsonl.gz", tmp_path / "b.jsonl"
+    _write(a, [{"question_id": 1, "method": "autoregressive", "output_ids": [5, 6]},
+               {"question_id": 1, "method": "eagle", "output_ids": [9, 9, 9, 9]},
+               {"question_id": 2, "method": "autoregressive", "output_ids": [7]}])
+    _write(b, [{"question_id": 1, "method": "autoregressive", "output_ids": [5, 6, 8]}])
+    assert read_baseline_answers([a, b]) == {1: [5, 6, 8], 2: [7]}
+
+
+def test_read_baseline_answers_rejects_bad_files(tmp_path):
+    only_eagle = tmp_path / "e.jsonl"
+    _write(only_eagle, [{"question_id": 1, "method": "eagle", "output_ids": [1]}])
+    with pytest.raises(ValueError, match="no autoregressive rows"):
+        read_baseline_answers([only_eagle])
+    with pytest.raises(ValueError, match="could not read"):
+        read_baseline_answers([tmp_path / "missing.jsonl"])
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("{not json\n")
+    with pytest.raises(ValueError, match="could not read"):
+        read_baseline_answers([broken])
+    no_ids = tmp_path / "no_ids.jsonl"
+    _write(no_ids, [{"question_id": 1, "method": "autoregressive"}])
+    with pytest.raises(ValueError, match="without question_id and output_ids"):
+        read_baseline_answers([no_ids])
+
+
+def test_cli_rejects_bad_records_before_loading_a_model(tmp_path, capsys):
+    assert main(["--records", str(tmp_path / "missing.jsonl")]) == 2
+    assert "could not read benchmark records" in capsys.readouterr().err
+    assert main(["--questions", str(tmp_path / "none.jsonl")]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.real_model
+def test_shipped_head_agrees_with_the_real_target_on_real_questions(real_target):
+    """Greedy answers of the real default target (float32) to two real requests: the shipped head's
+    top-1 agrees with the target on well over a fifth of the answer positions at depth 1 (a random
+    head over 8192 draft ids: about 0.0001), each chain figure is at most the one before, and the
+    per-category rows add up to the overall row."""
+    from playground.engine.eagle import DEFAULT_EAGLE_DIR, load_eagle
+    if not (DEFAULT_EAGLE_DIR / "config.json").is_file():
+        pytest.skip("no shipped EAGLE head")
+    head = load_eagle(DEFAULT_EAGLE_DIR).float().attach_embedding(real_target.model.get_input_embeddings())
+    tok = real_target.tokenizer
+    records = []
+    for cat, text in (("math", "A farmer has 12 cows and buys 7 more. How many cows does he have now?"),
+                      ("writing", "Write a short note inviting a friend to a picnic on Saturday.")):
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                      return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            out = real_target.model.generate(ids, max_new_tokens=40, do_sample=False)[0].tolist()
+        records.append({"input_ids": out, "prompt_len": ids.shape[1], "category": cat})
+    result = probe(head, real_target.model, records, steps=3)
+    assert set(result) == {"math", "writing", "overall"}
+    overall = result["overall"]
+    assert overall["records"] == 2
+    assert overall["answer_tokens"] == result["math"]["answer_tokens"] + result["writing"]["answer_tokens"]
+    assert overall["top1_per_depth"][0] > 0.2
+    chain = overall["chain_acceptance_per_depth"]
+    assert chain[0] == overall["top1_per_depth"][0]
+    assert all(later <= earlier for earlier, later in zip(chain, chain[1:]))
+    assert overall["expected_tokens_per_chain_step"] == pytest.approx(1 + sum(chain), abs=2e-3)
+    table = format_table(result)
+    assert table.splitlines()[-1].startswith("| overall | 2 |")
