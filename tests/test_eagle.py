@@ -476,3 +476,42 @@ def test_held_out_leaves_out_answers_the_training_records_have():
     held = [{"input_ids": [6, 7, 8, 9], "prompt_len": 1}, {"input_ids": [6, 7, 8], "prompt_len": 1},
             {"input_ids": [4, 5], "prompt_len": 1}]
     assert drop_seen_answers(train, held) == [held[1], held[2]]  # [5] is not the answer [4, 5]
+
+
+def test_trainer_command_fine_tunes_a_given_head(tmp_path, monkeypatch):
+    """``python -m playground.training.eagle --init HEAD``: a second run starts from the saved head (its
+    draft vocabulary, feature layers and weights: at a learning rate of 1e-12 the weights it saves are
+    the ones it started from), records ``init`` in the recipe, and refuses a head that does not exist."""
+    from dataclasses import dataclass
+
+    from helpers import FakeLoaded
+    from playground.training import eagle as train_eagle
+
+    model = tiny_llama(61, num_layers=3)
+
+    @dataclass
+    class _Loaded(FakeLoaded):
+        spec: str = "tiny"
+
+    monkeypatch.setattr("playground.engine.load_model", lambda *a, **k: _Loaded(model, eos_token_ids=[EOS]))
+    g = torch.Generator().manual_seed(3)
+    data = tmp_path / "data.jsonl"
+    with open(data, "w") as f, torch.no_grad():
+        for _ in range(12):
+            prompt = torch.randint(0, 60, (5,), generator=g).tolist()
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)[0].tolist()
+            f.write(json.dumps({"input_ids": out, "prompt_len": 5}) + "\n")
+    common = ["--data", str(data), "--cache", str(tmp_path / "cache"), "--teacher-dtype", "float32",
+              "--ttt-steps", "2", "--batch-tokens", "256", "--held-out", "0.2"]
+    first = tmp_path / "first"
+    assert train_eagle.main(common + ["--out", str(first), "--draft-vocab-size", "40", "--feature-layers", "0", "1", "2",
+                                      "--intermediate-size", "48", "--max-steps", "3"]) == 0
+    again = tmp_path / "again"
+    assert train_eagle.main(common + ["--out", str(again), "--init", str(first), "--draft-vocab-size", "20",
+                                      "--max-steps", "2", "--lr", "1e-12", "--warmup", "1"]) == 0
+    a, b = read_eagle(first), read_eagle(again)
+    assert torch.equal(a.draft_ids, b.draft_ids) and a.feature_layers == b.feature_layers == (0, 1, 2)
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert json.loads((again / "recipe.json").read_text())["init"] == str(first)
+    assert train_eagle.main(common + ["--out", str(tmp_path / "x"), "--init", str(tmp_path / "missing")]) == 2

@@ -28,6 +28,8 @@ Recipe (Li et al. 2025, EAGLE-3; the reference implementation's ``traineagle3``)
    benchmark questions' baseline answers, where a head runs.
 
 Resume: the trainer state is saved every ``--save-every`` steps in ``--state`` and resumed from there.
+Fine-tune: ``--init HEAD`` starts from a saved head (its weights, draft vocabulary, feature layers and
+MLP width) instead of the warm start above, e.g. the shipped head on newly generated rounds.
 """
 
 from __future__ import annotations
@@ -330,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="teacher features cache (ignored folder; recomputed when missing)")
     p.add_argument("--state", type=Path, default=None,
                    help="trainer state for resuming (default: OUT/../<name>.state.pt)")
+    p.add_argument("--init", default=None,
+                   help="fine-tune this head (folder or hub id): its weights, draft vocabulary and shape")
     p.add_argument("--draft-vocab-size", type=pos, default=8192, help="draft vocabulary size")
     p.add_argument("--intermediate-size", type=pos, default=None, help="MLP width of the head (default: the target's)")
     p.add_argument("--feature-layers", type=int, nargs=3, default=None,
@@ -384,8 +388,27 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     state_path = args.state or args.out.parent / f"{args.out.name}.state.pt"
     saved = torch.load(state_path, weights_only=False) if state_path.exists() else None
+    init = None
+    if args.init:
+        from playground.engine.eagle.checkpoint import EagleLoadError, load_eagle
+        try:
+            init = load_eagle(args.init, target=None)
+        except EagleLoadError as e:
+            print(f"error: --init: {e}", file=sys.stderr)
+            return 2
+        if init.target_hidden_size != int(cfg.hidden_size) or int(init.config["vocab_size"]) != int(cfg.vocab_size):
+            print(f"error: --init {args.init!r} was trained for hidden size {init.target_hidden_size} and vocabulary "
+                  f"{init.config['vocab_size']}, the target has {cfg.hidden_size} and {cfg.vocab_size}", file=sys.stderr)
+            return 2
+        args.draft_vocab_size = init.draft_vocab_size
+        args.feature_layers = list(init.feature_layers)
+        args.intermediate_size = int(init.config["intermediate_size"])
     draft_ids, share = draft_vocabulary(train, args.draft_vocab_size, int(cfg.vocab_size), list(loaded.eos_token_ids))
-    if saved is not None and len(saved["draft_ids"]) == args.draft_vocab_size:
+    if init is not None:
+        draft_ids = init.draft_ids.clone()
+        counts = Counter(t for r in train for t in r["input_ids"][r["prompt_len"]:])
+        share = sum(counts[int(t)] for t in draft_ids) / max(1, sum(counts.values()))
+    elif saved is not None and len(saved["draft_ids"]) == args.draft_vocab_size:
         # Resuming (possibly on more data): keep the vocabulary the saved head was trained with.
         draft_ids = saved["draft_ids"]
         counts = Counter(t for r in train for t in r["input_ids"][r["prompt_len"]:])
@@ -408,11 +431,14 @@ def main(argv: list[str] | None = None) -> int:
     out_emb = model.get_output_embeddings().weight.detach().float()
     target_rows = out_emb[draft_ids.to(out_emb.device)].to(device)
     with torch.no_grad():
-        head.lm_head.weight.copy_(target_rows)
-        head.norm.weight.copy_(model.get_decoder().norm.weight.detach().float())
-        for name, p in head.named_parameters():
-            if p.dim() == 2 and not name.startswith("lm_head"):
-                torch.nn.init.normal_(p, std=0.02)
+        if init is not None:  # fine-tuning: the given head's weights
+            head.load_state_dict({k: v.float() for k, v in init.state_dict().items()})
+        else:
+            head.lm_head.weight.copy_(target_rows)
+            head.norm.weight.copy_(model.get_decoder().norm.weight.detach().float())
+            for name, p in head.named_parameters():
+                if p.dim() == 2 and not name.startswith("lm_head"):
+                    torch.nn.init.normal_(p, std=0.02)
     emb = torch.nn.Embedding.from_pretrained(model.get_input_embeddings().weight.detach().float().to(device),
                                              freeze=True)
     head.attach_embedding(emb)
@@ -466,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         acc0 = agree[0][0] / max(agree[0][2], 1)
         ema = acc0 if ema is None else 0.95 * ema + 0.05 * acc0
         bar.update(1)
-        bar.set_postfix_str(f"loss {float(loss):.3f} top1@1 {ema:.3f}")
+        bar.set_postfix_str(f"loss {float(loss.detach()):.3f} top1@1 {ema:.3f}")
         if args.time_budget and (step - first_step) % 10 == 0:
             # Fit the schedule to the time left, every 10 steps from the pace of the last ones (a shared
             # machine's pace changes), so the cosine decay ends when the budget does.
@@ -493,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe = {
         "command": "python -m playground.training.eagle " + " ".join(argv if argv is not None else sys.argv[1:]),
         "target": loaded.spec, "data": sorted({r["chunk"] for r in records}), "records": len(train),
-        "held_out_records": len(held),
+        "held_out_records": len(held), "init": args.init,
         "answer_tokens": sum(len(r["input_ids"]) - r["prompt_len"] for r in train),
         "draft_vocab_coverage": round(share, 4), "ttt_steps": args.ttt_steps, "loss_decay": LOSS_DECAY,
         "epochs": args.epochs, "steps": total_steps, "time_budget_s": args.time_budget, "lr": args.lr,

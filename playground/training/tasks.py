@@ -12,6 +12,13 @@ One *round* (three batched ``generate`` calls, ``batch_size`` rows each or twice
 1. **Passages**: the target writes short texts from ``PASSAGE_KINDS`` x ``TOPICS`` (our own
    lists, no benchmark text): "Write a short news article about a flood in a mountain village."
    Each answer is itself a record (category ``writing``) and becomes a passage for step 3.
+   Since round 108 the passages are *sampled* (``--passage-temperature`` 0.8, top-p 0.95; rounds
+   0-107 were greedy) and up to ``--passage-tokens`` long. A greedy passage is the target's own
+   likeliest text, so a summary of it restates what the target would say anyway: the shipped
+   EAGLE head agreed with the target on 0.85 of the summary tokens of greedy passages, 0.49 on
+   those of sampled ones, and 0.28 on Spec-Bench's summaries of human-written news
+   (``python -m playground.training.probe``; docs/eagle.md). Sampled passages are text the target
+   did not predict, as a user's passage is.
 2. **Requests** (sampled, temperature 1, top-k 100): Magpie user turns under a category's
    system prompt, started with one of that category's opening words (``CATEGORIES``); and, for
    passage questions, the user turn ``"<passage>\\n\\nQuestion:"`` continued by the target.
@@ -40,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from playground.training.cli import HelpFormatter, int_at_least
+from playground.training.cli import HelpFormatter, float_in, int_at_least
 from playground.training.data import QUESTION_TOP_K, magpie_prefix
 
 TOPICS = (
@@ -120,6 +127,9 @@ OVER_PASSAGE = {
 BACK_TRANSLATION = ("Translate German to English: {s}", "Translate this German text into English: {s}")
 """Requests that turn the previous round's German answers back into English."""
 
+PASSAGE_TOP_P = 0.95
+"""Nucleus of the sampled passages."""
+
 QA_PREFIX = "Answer the question using the passage below.\n\nPassage: {p}\n\nQuestion:"
 """Passage question answering: the target continues this user turn with a question."""
 
@@ -130,12 +140,20 @@ def _sentences(text: str, n: int) -> str:
 
 
 def _generate(model, tokenizer, texts: list[str], max_new_tokens: int, sample: bool, stop_ids: list[int],
-              seed: int) -> list[list[int]]:
-    """Batched, left-padded ``generate``: each row's new ids, cut after its first stop id."""
+              seed: int, temperature: float | None = None) -> list[list[int]]:
+    """Batched, left-padded ``generate``: each row's new ids, cut after its first stop id.
+
+    ``sample``: temperature 1, top-k ``QUESTION_TOP_K`` (requests); ``temperature`` (> 0): nucleus
+    sampling at that temperature, top-p ``PASSAGE_TOP_P`` (passages); neither: greedy."""
     tokenizer.padding_side = "left"
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     torch.manual_seed(seed)
-    kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=QUESTION_TOP_K) if sample else dict(do_sample=False)
+    if temperature:
+        kwargs = dict(do_sample=True, temperature=float(temperature), top_p=PASSAGE_TOP_P, top_k=0)
+    elif sample:
+        kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=QUESTION_TOP_K)
+    else:
+        kwargs = dict(do_sample=False)
     with torch.inference_mode():
         out = model.generate(**batch, max_new_tokens=max_new_tokens, eos_token_id=stop_ids,
                              pad_token_id=tokenizer.pad_token_id, **kwargs)
@@ -144,6 +162,11 @@ def _generate(model, tokenizer, texts: list[str], max_new_tokens: int, sample: b
         cut = next((i + 1 for i, t in enumerate(row) if t in stop_ids), len(row))
         rows.append(row[:cut])
     return rows
+
+
+GENERATOR_LOG = "rounds.jsonl"
+"""One line per round written since round 108: the settings that made it (earlier rounds: greedy
+passages of at most ``answer_tokens``, batch 48, 160 answer tokens)."""
 
 
 def chunk_path(out: Path, round_index: int) -> Path:
@@ -160,16 +183,19 @@ def read_chunks(out: str | Path) -> list[dict]:
 
 
 def generate_round(model, tokenizer, round_index: int, *, batch_size: int, answer_tokens: int,
-                   question_tokens: int, stop_ids: list[int], seed: int, carry: list[str]) -> list[dict]:
+                   question_tokens: int, stop_ids: list[int], seed: int, carry: list[str],
+                   passage_tokens: int | None = None, passage_temperature: float = 0.0) -> list[dict]:
     """One round (see the module docstring): about ``3 * batch_size`` records. ``carry`` holds German
-    texts from the previous round (consumed) and receives this round's."""
+    texts from the previous round (consumed) and receives this round's. Passages are up to
+    ``passage_tokens`` long (default ``answer_tokens``), sampled at ``passage_temperature`` (0: greedy)."""
     rng = random.Random(seed * 100_003 + round_index)
     s = seed * 100_003 + round_index
     chat = lambda msgs: tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     # 1. Passages.
     asks = [rng.choice(PASSAGE_KINDS).format(topic=rng.choice(TOPICS)) for _ in range(batch_size)]
     prompts = [chat([{"role": "user", "content": a}]) for a in asks]
-    passages_ids = _generate(model, tokenizer, prompts, answer_tokens, False, stop_ids, s)
+    passages_ids = _generate(model, tokenizer, prompts, passage_tokens or answer_tokens, False, stop_ids, s,
+                             temperature=passage_temperature)
     records = [("writing", p, ids) for p, ids in zip(prompts, passages_ids)]
     passages = [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in passages_ids]
     passages = [p for p in passages if len(p) > 200]
@@ -226,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive, default=32, help="rows per generate call (steps 1 and 2)")
     p.add_argument("--answer-tokens", type=positive, default=192, help="most tokens of an answer")
     p.add_argument("--question-tokens", type=int_at_least(13), default=56, help="most tokens of a request")
+    p.add_argument("--passage-tokens", type=positive, default=288, help="most tokens of a passage")
+    p.add_argument("--passage-temperature", type=float_in(0.0, 2.0), default=0.8,
+                   help="sampling temperature of the passages (top-p 0.95); 0: greedy, as rounds 0-107")
     p.add_argument("--seed", type=int, default=0, help="base seed (round r uses it with r)")
     p.add_argument("--device", default="auto", help="device for the target: auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default="bfloat16", help="target dtype (auto, float32, bfloat16, float16)")
@@ -256,13 +285,19 @@ def main(argv: list[str] | None = None) -> int:
     while r < args.rounds:
         t0 = time.perf_counter()
         records = generate_round(model, tok, r, batch_size=args.batch_size, answer_tokens=args.answer_tokens,
-                                 question_tokens=args.question_tokens, stop_ids=stop_ids, seed=args.seed, carry=carry)
+                                 question_tokens=args.question_tokens, stop_ids=stop_ids, seed=args.seed, carry=carry,
+                                 passage_tokens=args.passage_tokens, passage_temperature=args.passage_temperature)
         path = chunk_path(args.out, r)
         tmp = path.with_suffix(".tmp")
         with gzip.open(tmp, "wt") as f:
             for rec in records:
                 f.write(json.dumps(rec, separators=(",", ":")) + "\n")
         tmp.rename(path)
+        with open(args.out / GENERATOR_LOG, "a") as f:  # which settings made which round
+            f.write(json.dumps({"round": r, "target": loaded.spec, "dtype": args.dtype, "batch_size": args.batch_size,
+                                "answer_tokens": args.answer_tokens, "question_tokens": args.question_tokens,
+                                "passage_tokens": args.passage_tokens,
+                                "passage_temperature": args.passage_temperature, "seed": args.seed}) + "\n")
         new = sum(len(x["input_ids"]) - x["prompt_len"] for x in records)
         tokens += new
         print(f"[tasks] round {r}: {len(records)} records, {new} answer tokens in {time.perf_counter() - t0:.0f} s; "
