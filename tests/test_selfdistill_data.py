@@ -353,3 +353,31 @@ def test_progress_bar_reports_on_stderr(capsys, monkeypatch):
             bar.close()
     err = capsys.readouterr().err
     assert "features0" in err and "features1: 3/3" in err and "quiet" not in err
+
+
+def test_round_samples_its_passages_at_the_passage_temperature(real_target, torch_single_thread):
+    """``playground.training.tasks.generate_round``: at passage temperature 0 the passages (the
+    ``writing`` records) are the target's greedy answers (rounds 0-107); at 0.8 they are sampled, the
+    same for the same seed and round, and not the greedy text; ``passage_tokens`` bounds them."""
+    from playground.training.tasks import generate_round
+
+    model, tok = real_target.model.eval(), real_target.tokenizer
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    stop = list(real_target.eos_token_ids)
+
+    def passages(temperature, seed=0):
+        rows = generate_round(model, tok, 0, batch_size=3, answer_tokens=4, question_tokens=13, stop_ids=stop,
+                              seed=seed, carry=[], passage_tokens=10, passage_temperature=temperature)
+        return [r["input_ids"][r["prompt_len"]:] for r in rows if r["category"] == "writing"]
+
+    greedy, sampled = passages(0.0), passages(0.8)
+    assert len(greedy) == len(sampled) == 3 and all(1 <= len(p) <= 10 for p in greedy + sampled)
+    rows = generate_round(model, tok, 0, batch_size=3, answer_tokens=4, question_tokens=13, stop_ids=stop, seed=0,
+                          carry=[], passage_tokens=10, passage_temperature=0.0)
+    first = next(r for r in rows if r["category"] == "writing")
+    with torch.no_grad():
+        out = model.generate(torch.tensor([first["input_ids"][:first["prompt_len"]]]), max_new_tokens=10,
+                             do_sample=False, eos_token_id=stop)[0].tolist()
+    assert out[first["prompt_len"]:] == greedy[0]
+    assert passages(0.8) == sampled and sampled != greedy

@@ -15,7 +15,7 @@ guesses would give (bonus token included). No decoding with the head, no timing:
 deterministic A/B of two heads before a benchmark run, and the gap between held-out and real
 questions in one table. It trains nothing and tunes nothing.
 
-Measured 2026-12-05 on the shipped head (4 first turns a category of the dev set, the answers of
+Measured 2026-12-04 on the shipped head (4 first turns a category of the dev set, the answers of
 ``data/bench/2026-12-04/s34_final64`` and ``s37_amd128``): top-1 at depth 1 0.53 on the
 benchmark against 0.76 held out (summarization 0.28, math_reasoning 0.69); see docs/eagle.md.
 """
