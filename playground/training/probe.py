@@ -1,7 +1,7 @@
 """How well an EAGLE head agrees with its target on benchmark questions, in about two minutes.
 
-    python -m playground.training.probe --head assets/eagle/default \\
-        --questions assets/bench/spec_bench_dev.jsonl --per-category 2 --max-new-tokens 64
+    python -m playground.training.probe --head assets/eagle/default --questions spec_bench \\
+        --per-category 2 --max-new-tokens 64
 
 The trainer's held-out figures (:mod:`playground.training.eagle`) are measured on the generator's
 own kind of text; a head runs on what users ask. This probe takes the target's greedy answers to
@@ -33,7 +33,8 @@ import torch
 
 from playground.training.cli import HelpFormatter, int_at_least
 
-DEFAULT_HEAD = "assets/eagle/default"
+DEFAULT_HEAD = str(Path(__file__).resolve().parents[2] / "assets" / "eagle" / "default")
+"""The shipped head for the embedded default target."""
 
 
 def read_baseline_answers(paths: list[str | Path]) -> dict[int, list[int]]:
@@ -121,8 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                                             "benchmark questions, per category.")
     p.add_argument("--head", default=DEFAULT_HEAD, help="EAGLE head folder or hub id")
     p.add_argument("--target", default="default", help="target: default, hub id, folder or .gguf")
-    p.add_argument("--questions", default="assets/bench/spec_bench_dev.jsonl",
-                   help="question file (or a built-in set's name); first turns are used")
+    p.add_argument("--questions", default="spec_bench",
+                   help="question file or a built-in set's name (spec_bench: the Spec-Bench dev half); first turns")
     p.add_argument("--per-category", type=int_at_least(1), default=2, help="first questions of each category")
     p.add_argument("--categories", nargs="*", default=None, help="only these categories")
     p.add_argument("--records", nargs="*", default=None,
