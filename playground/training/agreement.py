@@ -23,7 +23,8 @@ forcing) and counts, at every answer position:
 No timing is involved, so it runs on a busy machine and in seconds per question; it tells
 whether a newly trained draft or set of heads predicts the benchmark's tokens better before a
 timed benchmark. The numbers are the distribution the speedup depends on, on real prompts,
-instead of the trainers' held-out split of self-generated conversations.
+instead of the trainers' held-out split of self-generated conversations. An EAGLE head has its
+own command, :mod:`playground.training.probe` (per-depth and chain agreement of the unrolled head).
 
 Command line::
 

@@ -13,7 +13,8 @@ test), and prints per category the head's top-1 agreement with the target at eac
 chain figures (every depth up to d right), the tokens a step a depth-``steps`` chain of top-1
 guesses would give (bonus token included). No decoding with the head, no timing: a quick,
 deterministic A/B of two heads before a benchmark run, and the gap between held-out and real
-questions in one table. It trains nothing and tunes nothing.
+questions in one table. It trains nothing and tunes nothing. (The draft model and Medusa heads
+have :mod:`playground.training.agreement`, which also replays multi-turn prompts.)
 
 Measured 2026-12-04 on the shipped head (4 first turns a category of the dev set, the answers of
 ``data/bench/2026-12-04/s34_final64`` and ``s37_amd128``): top-1 at depth 1 0.53 on the
