@@ -16,7 +16,7 @@ One *round* (three batched ``generate`` calls, ``batch_size`` rows each or twice
    0-107 were greedy) and up to ``--passage-tokens`` long. A greedy passage is the target's own
    likeliest text, so a summary of it restates what the target would say anyway: the shipped
    EAGLE head agreed with the target on 0.85 of the summary tokens of greedy passages, 0.49 on
-   those of sampled ones, and 0.28 on Spec-Bench's summaries of human-written news
+   those of passages sampled at temperature 1, and 0.28 on Spec-Bench's summaries of human-written news
    (``python -m playground.training.probe``; docs/eagle.md). Sampled passages are text the target
    did not predict, as a user's passage is.
 2. **Requests** (sampled, temperature 1, top-k 100): Magpie user turns under a category's
@@ -165,8 +165,8 @@ def _generate(model, tokenizer, texts: list[str], max_new_tokens: int, sample: b
 
 
 GENERATOR_LOG = "rounds.jsonl"
-"""One line per round written since round 108: the settings that made it (earlier rounds: greedy
-passages of at most ``answer_tokens``, batch 48, 160 answer tokens)."""
+"""One line per round written since round 108: the settings that made it (earlier rounds had greedy
+passages of at most ``answer_tokens``)."""
 
 
 def chunk_path(out: Path, round_index: int) -> Path:
