@@ -515,3 +515,7 @@ def test_trainer_command_fine_tunes_a_given_head(tmp_path, monkeypatch):
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     assert json.loads((again / "recipe.json").read_text())["init"] == str(first)
     assert train_eagle.main(common + ["--out", str(tmp_path / "x"), "--init", str(tmp_path / "missing")]) == 2
+    # A head trained for another target (another hidden size) is refused with a message, not a traceback.
+    other = tiny_llama(62, num_layers=3, hidden_size=48)
+    monkeypatch.setattr("playground.engine.load_model", lambda *a, **k: _Loaded(other, eos_token_ids=[EOS]))
+    assert train_eagle.main(common + ["--out", str(tmp_path / "y"), "--init", str(first)]) == 2

@@ -357,27 +357,50 @@ def test_progress_bar_reports_on_stderr(capsys, monkeypatch):
 
 def test_round_samples_its_passages_at_the_passage_temperature(real_target, torch_single_thread):
     """``playground.training.tasks.generate_round``: at passage temperature 0 the passages (the
-    ``writing`` records) are the target's greedy answers (rounds 0-107); at 0.8 they are sampled, the
-    same for the same seed and round, and not the greedy text; ``passage_tokens`` bounds them."""
+    ``writing`` records) are greedy, the same whatever the torch seed (rounds 0-107); at 0.8 they are
+    sampled, the same for the same seed and round, not the greedy text, and marked ``sampled`` (so
+    the draft and Medusa trainers and REST leave them out); ``passage_tokens`` bounds them."""
     from playground.training.tasks import generate_round
 
     model, tok = real_target.model.eval(), real_target.tokenizer
+    saved = (tok.pad_token, tok.padding_side)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     stop = list(real_target.eos_token_ids)
 
-    def passages(temperature, seed=0):
+    def passages(temperature):
         rows = generate_round(model, tok, 0, batch_size=3, answer_tokens=4, question_tokens=13, stop_ids=stop,
-                              seed=seed, carry=[], passage_tokens=10, passage_temperature=temperature)
-        return [r["input_ids"][r["prompt_len"]:] for r in rows if r["category"] == "writing"]
+                              seed=0, carry=[], passage_tokens=10, passage_temperature=temperature)
+        return [r for r in rows if r["category"] == "writing"], [r for r in rows if r["category"] != "writing"]
 
-    greedy, sampled = passages(0.0), passages(0.8)
-    assert len(greedy) == len(sampled) == 3 and all(1 <= len(p) <= 10 for p in greedy + sampled)
-    rows = generate_round(model, tok, 0, batch_size=3, answer_tokens=4, question_tokens=13, stop_ids=stop, seed=0,
-                          carry=[], passage_tokens=10, passage_temperature=0.0)
-    first = next(r for r in rows if r["category"] == "writing")
-    with torch.no_grad():
-        out = model.generate(torch.tensor([first["input_ids"][:first["prompt_len"]]]), max_new_tokens=10,
-                             do_sample=False, eos_token_id=stop)[0].tolist()
-    assert out[first["prompt_len"]:] == greedy[0]
-    assert passages(0.8) == sampled and sampled != greedy
+    try:
+        greedy, others = passages(0.0)
+        torch.manual_seed(1234)  # the round seeds its own sampling: an outside seed changes nothing
+        sampled, _ = passages(0.8)
+        again, _ = passages(0.8)
+    finally:
+        tok.pad_token, tok.padding_side = saved
+    ids = lambda rows: [r["input_ids"][r["prompt_len"]:] for r in rows]
+    assert len(greedy) == len(sampled) == 3 and all(1 <= len(p) <= 10 for p in ids(greedy) + ids(sampled))
+    assert ids(again) == ids(sampled) and ids(sampled) != ids(greedy)
+    assert all(r.get("sampled") is True for r in sampled)
+    assert not any("sampled" in r for r in greedy + others)
+
+
+def test_sampled_records_are_left_out_of_hard_label_training(tmp_path):
+    """``load_records`` (the draft and Medusa trainers' reader) and REST's ``read_answers`` pass over
+    records marked ``sampled``; the EAGLE trainer's reader keeps them (it learns the target's
+    distribution at every position)."""
+    import gzip
+
+    from playground.engine.rest import read_answers
+    from playground.training.eagle import read_records
+
+    folder = tmp_path / "selfgen"
+    folder.mkdir()
+    rows = [{"input_ids": [1, 2, 3], "prompt_len": 1}, {"input_ids": [4, 5, 6], "prompt_len": 1, "sampled": True}]
+    with gzip.open(folder / "chunk_00000.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    assert [r["input_ids"] for r in load_records(folder)] == [[1, 2, 3]]
+    assert read_answers(folder) == [[2, 3]]
+    assert [r["input_ids"] for r in read_records([folder])] == [[1, 2, 3], [4, 5, 6]]

@@ -231,7 +231,8 @@ def continuation_tree(rows: np.ndarray, max_nodes: int, min_prob: float) -> tupl
 
 def read_answers(folder: Path) -> list[list[int]]:
     """The answers (``input_ids[prompt_len:]``) of every record in ``folder``'s ``chunk_*.jsonl.gz``
-    files (the generator's format, :mod:`playground.training.tasks`).
+    files (the generator's format, :mod:`playground.training.tasks`), except those marked
+    ``"sampled"`` (its sampled passages, since round 108: not the target's greedy text).
 
     Raises:
         FileNotFoundError: no chunk file in ``folder``.
@@ -244,6 +245,8 @@ def read_answers(folder: Path) -> list[list[int]]:
         with gzip.open(f, "rt", encoding="utf-8") as fh:
             for line in fh:
                 rec = json.loads(line)
+                if rec.get("sampled"):  # a sampled passage (since round 108), not the target's greedy text
+                    continue
                 ids = rec["input_ids"]
                 ids = json.loads(ids) if isinstance(ids, str) else ids
                 out.append([int(t) for t in ids[int(rec["prompt_len"]):]])

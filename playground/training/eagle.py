@@ -222,8 +222,9 @@ def make_batch(items, records, steps: int, head, target_rows: torch.Tensor):
         feats[b, :L - 1] = f[:L - 1].float()
         final[b, :L] = h.float()
         next_ids[b, :L - 1] = ids[1:]
-        # an answer token counts when it is in the draft vocabulary (the answers are the target's greedy
-        # choices, so this is EAGLE-3's "target argmax in the draft vocabulary" without a full-vocab pass)
+        # an answer token counts when it is in the draft vocabulary (for the target's greedy answers this is
+        # EAGLE-3's "target argmax in the draft vocabulary" without a full-vocab pass; on sampled passages it
+        # is the sampled token's; the loss is against the target's distribution either way)
         answer[b, r["prompt_len"]:L] = head.t2d[ids[r["prompt_len"]:]].cpu()
     return feats, next_ids, final, answer
 
@@ -375,6 +376,14 @@ def main(argv: list[str] | None = None) -> int:
     train, held = split_held_out(records, args.held_out, args.seed)
     n_held = len(held)
     held = drop_seen_answers(train, held)
+    init = None
+    if args.init:  # checked before the target loads: a wrong path costs no waiting
+        from playground.engine.eagle.checkpoint import EagleLoadError, load_eagle
+        try:
+            init = load_eagle(args.init, target=None)
+        except EagleLoadError as e:
+            print(f"error: --init: {e}", file=sys.stderr)
+            return 2
     device = resolve_device(args.device)
     try:
         loaded = load_model(args.target, device=device, dtype=args.teacher_dtype)
@@ -388,21 +397,18 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     state_path = args.state or args.out.parent / f"{args.out.name}.state.pt"
     saved = torch.load(state_path, weights_only=False) if state_path.exists() else None
-    init = None
-    if args.init:
-        from playground.engine.eagle.checkpoint import EagleLoadError, load_eagle
-        try:
-            init = load_eagle(args.init, target=None)
-        except EagleLoadError as e:
-            print(f"error: --init: {e}", file=sys.stderr)
-            return 2
+    if init is not None:
         if init.target_hidden_size != int(cfg.hidden_size) or int(init.config["vocab_size"]) != int(cfg.vocab_size):
             print(f"error: --init {args.init!r} was trained for hidden size {init.target_hidden_size} and vocabulary "
                   f"{init.config['vocab_size']}, the target has {cfg.hidden_size} and {cfg.vocab_size}", file=sys.stderr)
             return 2
-        args.draft_vocab_size = init.draft_vocab_size
-        args.feature_layers = list(init.feature_layers)
-        args.intermediate_size = int(init.config["intermediate_size"])
+        if max(init.feature_layers) > int(cfg.num_hidden_layers):
+            print(f"error: --init {args.init!r} reads layer {max(init.feature_layers)}, the target has "
+                  f"{cfg.num_hidden_layers}", file=sys.stderr)
+            return 2
+        print(f"[eagle] fine-tuning {args.init}: its shape, draft vocabulary ({init.draft_vocab_size} ids) and "
+              f"feature layers {list(init.feature_layers)} are kept (--draft-vocab-size, --feature-layers and "
+              f"--intermediate-size do not apply)")
     draft_ids, share = draft_vocabulary(train, args.draft_vocab_size, int(cfg.vocab_size), list(loaded.eos_token_ids))
     if init is not None:
         draft_ids = init.draft_ids.clone()
@@ -413,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         draft_ids = saved["draft_ids"]
         counts = Counter(t for r in train for t in r["input_ids"][r["prompt_len"]:])
         share = sum(counts[int(t)] for t in draft_ids) / max(1, sum(counts.values()))
-    config = head_config(cfg, len(draft_ids), args.feature_layers, args.intermediate_size)
+    config = dict(init.config) if init is not None else head_config(cfg, len(draft_ids), args.feature_layers,
+                                                                      args.intermediate_size)
     print(f"[eagle] {len(train)} training and {len(held)} held-out records ({n_held - len(held)} held out "
           f"with an answer a training record also has left out) "
           f"({sum(len(r['input_ids']) - r['prompt_len'] for r in train)} answer tokens); draft vocabulary "
@@ -453,14 +460,14 @@ def main(argv: list[str] | None = None) -> int:
     step = 0
     if saved is not None:
         st = saved
-        if st.get("config") == config and torch.equal(st["draft_ids"], draft_ids):
+        if st.get("config") == config and torch.equal(st["draft_ids"], draft_ids) and st.get("init") == args.init:
             head.load_state_dict(st["head"])
             opt.load_state_dict(st["opt"])
             step = int(st["step"])
             rng.setstate(st["rng"])
             print(f"[eagle] resumed at step {step} from {state_path}")
         else:
-            print(f"[eagle] {state_path} is for another config or vocabulary: starting afresh")
+            print(f"[eagle] {state_path} is for another config, vocabulary or --init: starting afresh")
 
     def lr_at(s):
         if s < args.warmup:
@@ -510,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         if step % args.save_every == 0 or step == total_steps:
             state_path.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "rng": rng.getstate(),
-                        "config": config, "draft_ids": draft_ids}, state_path)
+                        "config": config, "draft_ids": draft_ids, "init": args.init}, state_path)
     bar.close()
     train_s = time.perf_counter() - t_train
     metrics = evaluate(head, held_items, held, args.ttt_steps, target_rows, args.batch_tokens)

@@ -1,4 +1,4 @@
-"""How well an EAGLE head agrees with its target on benchmark questions, in about two minutes.
+"""How well an EAGLE head agrees with its target on benchmark questions, in about a minute.
 
     python -m playground.training.probe --head assets/eagle/default --questions spec_bench \\
         --per-category 2 --max-new-tokens 64
@@ -18,7 +18,7 @@ have :mod:`playground.training.agreement`, which also replays multi-turn prompts
 
 Measured 2026-12-04 on the shipped head (4 first turns a category of the dev set, the answers of
 ``data/bench/2026-12-04/s34_final64`` and ``s37_amd128``): top-1 at depth 1 0.53 on the
-benchmark against 0.76 held out (summarization 0.28, math_reasoning 0.69); see docs/eagle.md.
+benchmark against 0.72 held out (summarization 0.28, math_reasoning 0.69); see docs/eagle.md.
 """
 
 from __future__ import annotations
@@ -34,19 +34,19 @@ import torch
 
 from playground.training.cli import HelpFormatter, int_at_least
 
-DEFAULT_HEAD = str(Path(__file__).resolve().parents[2] / "assets" / "eagle" / "default")
-"""The shipped head for the embedded default target."""
 
 
-def read_baseline_answers(paths: list[str | Path]) -> dict[int, list[int]]:
-    """``{question_id: output ids}`` of the ``autoregressive`` rows of benchmark record files
-    (``.jsonl`` or ``.jsonl.gz``); where a question appears more than once, its longest answer.
+def read_baseline_answers(paths: list[str | Path]) -> dict[int | str, tuple[int, list[int]]]:
+    """``{question_id: (prompt tokens, output ids)}`` of the greedy first-turn ``autoregressive``
+    rows of benchmark record files (``.jsonl`` or ``.jsonl.gz``; rows of later turns, sampled
+    rows (``temperature`` above 0) and other methods are passed over); where a question appears more
+    than once, its longest answer. ``prompt tokens`` is the row's ``prompt_tokens`` (-1 when absent).
 
     Raises:
         ValueError: a file that cannot be read, a row without ``question_id`` / ``output_ids``, or no
-            ``autoregressive`` rows at all.
+            such rows at all.
     """
-    out: dict[int, list[int]] = {}
+    out: dict = {}
     for p in paths:
         p = Path(p)
         try:
@@ -56,14 +56,14 @@ def read_baseline_answers(paths: list[str | Path]) -> dict[int, list[int]]:
         except (OSError, ValueError) as e:
             raise ValueError(f"could not read benchmark records {str(p)!r}: {e}") from None
         for r in rows:
-            if r.get("method") != "autoregressive":
+            if r.get("method") != "autoregressive" or r.get("turn", 0) != 0 or float(r.get("temperature") or 0) > 0:
                 continue
             if "question_id" not in r or "output_ids" not in r:
                 raise ValueError(f"{str(p)!r}: an autoregressive row without question_id and output_ids")
-            if len(r["output_ids"]) > len(out.get(r["question_id"], [])):
-                out[r["question_id"]] = list(r["output_ids"])
+            if len(r["output_ids"]) > len(out.get(r["question_id"], (0, []))[1]):
+                out[r["question_id"]] = (int(r.get("prompt_tokens", -1)), list(r["output_ids"]))
     if not out:
-        raise ValueError(f"no autoregressive rows in {', '.join(map(str, paths))}")
+        raise ValueError(f"no greedy first-turn autoregressive rows in {', '.join(map(str, paths))}")
     return out
 
 
@@ -72,17 +72,30 @@ def probe(head, target_model, records: list[dict], steps: int = 4, batch_tokens:
 
     Args:
         head: an :class:`~playground.engine.eagle.EagleHead` (float32, with the target's embedding
-            attached).
+            attached), on the target's device.
         target_model: the target's transformers model (float32 for figures comparable with decoding).
-        records: ``{"input_ids", "prompt_len", "category"}``: prompt then the target's greedy answer.
+        records: ``{"input_ids", "prompt_len", "category"}``: prompt then the target's greedy answer
+            (at least one answer token).
         steps: unrolled depths (the shipped tree's ``depth`` is 4).
+        batch_tokens: padded tokens per evaluation batch.
+
+    The shares count the answer positions whose token is in the head's draft vocabulary (a token
+    outside it is never drafted); ``in_draft_vocab`` is that share of the answer tokens.
 
     Returns:
-        ``{category or "overall": {"records", "answer_tokens", "top1_per_depth",
+        ``{category or "overall": {"records", "answer_tokens", "in_draft_vocab", "top1_per_depth",
         "chain_acceptance_per_depth", "expected_tokens_per_chain_step"}}`` (shares in [0, 1]).
+
+    Raises:
+        ValueError: a head that reads a layer the target does not have, or a record without an answer.
     """
     from playground.training.eagle import Teacher, evaluate
 
+    depth = len(target_model.get_decoder().layers)
+    if max(head.feature_layers) > depth:
+        raise ValueError(f"the head reads layer {max(head.feature_layers)}, the target has {depth}")
+    if any(len(r["input_ids"]) <= r["prompt_len"] for r in records):
+        raise ValueError("every record needs at least one answer token after its prompt")
     teacher = Teacher(target_model, head.feature_layers)
     try:
         items = [teacher([r["input_ids"]])[0] for r in records]
@@ -90,7 +103,9 @@ def probe(head, target_model, records: list[dict], steps: int = 4, batch_tokens:
         for h in teacher.handles:
             h.remove()
     dev = next(head.parameters()).device
-    target_rows = target_model.get_output_embeddings().weight.detach().float()[head.draft_ids.cpu()].to(dev)
+    rows = target_model.get_output_embeddings().weight.detach()
+    target_rows = rows[head.draft_ids.to(rows.device)].float().to(dev)
+    in_vocab = head.t2d.cpu()
     groups: dict[str, list[int]] = defaultdict(list)
     for i, r in enumerate(records):
         groups[r.get("category", "") or "other"].append(i)
@@ -98,7 +113,9 @@ def probe(head, target_model, records: list[dict], steps: int = 4, batch_tokens:
     for name, idx in list(groups.items()) + [("overall", list(range(len(records))))]:
         m = evaluate(head, [items[i] for i in idx], [records[i] for i in idx], steps, target_rows, batch_tokens)
         m["records"] = len(idx)
-        m["answer_tokens"] = sum(len(records[i]["input_ids"]) - records[i]["prompt_len"] for i in idx)
+        answers = [records[i]["input_ids"][records[i]["prompt_len"]:] for i in idx]
+        m["answer_tokens"] = sum(len(a) for a in answers)
+        m["in_draft_vocab"] = round(sum(int(in_vocab[torch.tensor(a)].sum()) for a in answers) / m["answer_tokens"], 4)
         out[name] = m
     return out
 
@@ -106,11 +123,12 @@ def probe(head, target_model, records: list[dict], steps: int = 4, batch_tokens:
 def format_table(result: dict) -> str:
     """A Markdown table of :func:`probe`'s result, one row per category, overall last."""
     steps = len(result["overall"]["top1_per_depth"])
-    head = ("| category | questions | answer tokens | " + " | ".join(f"top-1 d{d + 1}" for d in range(steps))
+    head = ("| category | questions | answer tokens | in draft vocab | "
+            + " | ".join(f"top-1 d{d + 1}" for d in range(steps))
             + " | " + " | ".join(f"chain d{d + 1}" for d in range(steps)) + " | tokens/chain step |")
-    lines = [head, "|" + " --- |" * (4 + 2 * steps)]
+    lines = [head, "|" + " --- |" * (5 + 2 * steps)]
     for name, m in sorted(result.items(), key=lambda kv: kv[0] == "overall"):
-        lines.append(f"| {name} | {m['records']} | {m['answer_tokens']} | "
+        lines.append(f"| {name} | {m['records']} | {m['answer_tokens']} | {m['in_draft_vocab']:.3f} | "
                      + " | ".join(f"{x:.3f}" for x in m["top1_per_depth"]) + " | "
                      + " | ".join(f"{x:.3f}" for x in m["chain_acceptance_per_depth"])
                      + f" | {m['expected_tokens_per_chain_step']:.3f} |")
@@ -121,63 +139,85 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m playground.training.probe", formatter_class=HelpFormatter,
                                 description="Teacher-forced agreement of an EAGLE head with the target on "
                                             "benchmark questions, per category.")
-    p.add_argument("--head", default=DEFAULT_HEAD, help="EAGLE head folder or hub id")
+    p.add_argument("--head", default=None, help="EAGLE head folder or hub id (default: the shipped head of the default target)")
     p.add_argument("--target", default="default", help="target: default, hub id, folder or .gguf")
     p.add_argument("--questions", default="spec_bench",
                    help="question file or a built-in set's name (spec_bench: the Spec-Bench dev half); first turns")
     p.add_argument("--per-category", type=int_at_least(1), default=2, help="first questions of each category")
     p.add_argument("--categories", nargs="*", default=None, help="only these categories")
-    p.add_argument("--records", nargs="*", default=None,
+    p.add_argument("--records", nargs="+", default=None,
                    help="benchmark record files whose autoregressive answers to use (questions without one "
                         "are answered here)")
     p.add_argument("--max-new-tokens", type=int_at_least(1), default=64, help="answer length (when answered here)")
     p.add_argument("--steps", type=int_at_least(1), default=4, help="unrolled depths")
+    p.add_argument("--device", default="cpu", help="device of the target and the head: cpu, auto, cuda, cuda:N, mps")
     p.add_argument("--threads", type=int_at_least(0), default=0, help="torch threads (0: torch's default)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line (see the module docstring); 0 on success, 2 with a message on bad input."""
     args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     from playground.bench.questions import BenchError, load_questions
     from playground.engine import Engine, MethodSpec, ModelLoadError
     from playground.engine.decoding import GenerationSettings
+    from playground.engine.eagle import eagle_spec
     from playground.engine.eagle.checkpoint import EagleLoadError, load_eagle
 
+    if args.json is not None and not args.json.parent.is_dir():
+        print(f"error: --json: no folder {str(args.json.parent)!r}", file=sys.stderr)
+        return 2
     try:
         questions = load_questions(args.questions, args.categories, per_category_n=args.per_category)
         answers = read_baseline_answers(args.records) if args.records else {}
     except (BenchError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    head_spec = args.head or eagle_spec(args.target)
+    if head_spec is None:
+        print(f"error: no shipped EAGLE head for target {args.target!r}: give --head", file=sys.stderr)
+        return 2
     try:
-        engine = Engine.load(args.target, dtype="float32", methods=["autoregressive"], eagle="none")
-        load_eagle(args.head, target=engine.target)  # checks that the head fits the target
-        # The figures are the float32 head's (beside a float32 target on a CPU the engine's copy reads
-        # int8 weights, which moves its logits by a few per cent).
-        head = load_eagle(args.head).float().attach_embedding(engine.target.model.get_input_embeddings())
-    except (ModelLoadError, EagleLoadError, ValueError) as e:
+        engine = Engine.load(args.target, device=args.device, dtype="float32", methods=["autoregressive"],
+                             eagle="none")
+        # The figures are the float32 head's (beside a float32 target on a CPU the engine's own copy
+        # reads int8 weights, which moves its logits by a few per cent): load it plain, then check it
+        # fits the target and put it on the target's device.
+        head = load_eagle(head_spec).float()
+        load_eagle(head_spec, target=engine.target)  # raises when it does not fit the target
+        model = engine.target.model.eval()
+        head = head.to(next(model.parameters()).device).attach_embedding(model.get_input_embeddings())
+    except (ModelLoadError, EagleLoadError, ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    model = engine.target.model.eval()
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens)
-    records, answered = [], 0
+    records, answered, skipped = [], 0, []
     with torch.inference_mode():
         for q in questions:
-            ids = engine.encode_prompt(q.turns[0])
-            out = answers.get(q.question_id)
-            if out is None:
-                out = [t for e in engine.run_one(ids, MethodSpec("autoregressive"), settings) for t in e.tokens]
-                answered += 1
+            try:
+                ids = engine.encode_prompt(q.turns[0])
+                prompt_tokens, out = answers.get(q.question_id, (-1, None))
+                if out is not None and prompt_tokens not in (-1, len(ids)):
+                    skipped.append(f"{q.question_id} (its record's prompt has {prompt_tokens} tokens, here {len(ids)})")
+                    continue
+                if out is None:
+                    out = [t for e in engine.run_one(ids, MethodSpec("autoregressive"), settings) for t in e.tokens]
+                    answered += bool(out)
+            except ValueError as e:  # a prompt too long for the target's context, ...
+                skipped.append(f"{q.question_id} ({e})")
+                continue
             if out:
                 records.append({"input_ids": list(ids) + list(out), "prompt_len": len(ids), "category": q.category})
+    for line in skipped:
+        print(f"[probe] skipped question {line}", file=sys.stderr)
     if not records:
         print("error: no answers to probe", file=sys.stderr)
         return 2
     result = probe(head, model, records, args.steps)
-    print(f"[probe] head {args.head}: {len(records)} questions ({answered} answered here, "
+    print(f"[probe] head {head_spec}: {len(records)} questions ({answered} answered here, "
           f"{len(records) - answered} from --records), {result['overall']['answer_tokens']} answer tokens")
     print(format_table(result))
     recipe = getattr(head, "recipe", {}) or {}
@@ -186,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[probe] the head's recipe, held out: top-1 {h.get('top1_per_depth')}, "
               f"{h.get('expected_tokens_per_chain_step')} tokens a chain step")
     if args.json:
-        args.json.write_text(json.dumps({"head": args.head, "questions": args.questions, "result": result}, indent=1))
+        args.json.write_text(json.dumps({"head": str(head_spec), "questions": args.questions, "result": result},
+                                        indent=1))
     return 0
 
 

@@ -74,6 +74,8 @@ def load_records(path: str | Path | list) -> list[dict]:
 
     A file may be gzip-compressed (``.gz``); a folder stands for its ``chunk_*.jsonl.gz`` files in
     name order, as :mod:`playground.training.tasks` writes them (the committed ``data/selfgen/``).
+    Records marked ``"sampled"`` (that generator's sampled passages) are left out: the draft and
+    Medusa trainers take a record's answer tokens as the target's greedy choices.
 
     Raises:
         FileNotFoundError: no such file, or a folder without chunks; ValueError: a line lacks
@@ -93,6 +95,8 @@ def load_records(path: str | Path | list) -> list[dict]:
         r = json.loads(line)
         if "input_ids" not in r or "prompt_len" not in r:
             raise ValueError(f"{path}:{n}: a conversation record needs input_ids and prompt_len")
+        if r.get("sampled"):  # a sampled passage of playground.training.tasks: not the target's greedy tokens
+            continue
         records.append(r)
     return records
 

@@ -27,7 +27,9 @@ One *round* (three batched ``generate`` calls, ``batch_size`` rows each or twice
    and translate the German answers of the previous round back into English.
 
 Each round is written as one gzip-compressed JSON Lines chunk,
-``<out>/chunk_<round>.jsonl.gz``, records ``{"category", "input_ids", "prompt_len"}`` (the
+``<out>/chunk_<round>.jsonl.gz``, records ``{"category", "input_ids", "prompt_len"}`` (plus
+``"sampled": true`` on sampled passages: the EAGLE trainer learns from them against the target's
+own distribution, the draft and Medusa trainers and REST's datastore leave them out) (the
 chat-templated prompt followed by the answer ids, the end-of-turn id included when the target
 produced it). Ids only: hidden states are recomputed by one teacher-forced pass. A killed run
 loses at most the round in progress; a rerun continues with the next round number (its seed).
@@ -196,7 +198,7 @@ def generate_round(model, tokenizer, round_index: int, *, batch_size: int, answe
     prompts = [chat([{"role": "user", "content": a}]) for a in asks]
     passages_ids = _generate(model, tokenizer, prompts, passage_tokens or answer_tokens, False, stop_ids, s,
                              temperature=passage_temperature)
-    records = [("writing", p, ids) for p, ids in zip(prompts, passages_ids)]
+    records = [("writing", p, ids, bool(passage_temperature)) for p, ids in zip(prompts, passages_ids)]
     passages = [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in passages_ids]
     passages = [p for p in passages if len(p) > 200]
     # 2. Requests: Magpie per category, and questions over passages.
@@ -229,16 +231,18 @@ def generate_round(model, tokenizer, round_index: int, *, batch_size: int, answe
                for _, sys_, u in requests]
     answers = _generate(model, tokenizer, prompts, answer_tokens, False, stop_ids, s + 2) if prompts else []
     for (cat, _, u), p, ids in zip(requests, prompts, answers):
-        records.append((cat, p, ids))
+        records.append((cat, p, ids, False))
         if cat == "translation" and ("into German" in u or "to German" in u):
             german = tokenizer.decode(ids, skip_special_tokens=True).strip()
             if 20 < len(german) < 400:
                 carry.append(german)
     out = []
-    for cat, p, ids in records:
+    for cat, p, ids, sampled in records:
         p_ids = tokenizer(p, add_special_tokens=False)["input_ids"]
         if ids:
             out.append({"category": cat, "input_ids": p_ids + ids, "prompt_len": len(p_ids)})
+            if sampled:  # not the target's greedy text: no hard labels, not REST's datastore
+                out[-1]["sampled"] = True
     return out
 
 
@@ -254,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--question-tokens", type=int_at_least(13), default=56, help="most tokens of a request")
     p.add_argument("--passage-tokens", type=positive, default=288, help="most tokens of a passage")
     p.add_argument("--passage-temperature", type=float_in(0.0, 2.0), default=0.8,
-                   help="sampling temperature of the passages (top-p 0.95); 0: greedy, as rounds 0-107")
+                   help="sampling temperature of the passages (top-p 0.95); 0: greedy (rounds 0-107 were greedy, "
+                        "with --passage-tokens equal to --answer-tokens)")
     p.add_argument("--seed", type=int, default=0, help="base seed (round r uses it with r)")
     p.add_argument("--device", default="auto", help="device for the target: auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default="bfloat16", help="target dtype (auto, float32, bfloat16, float16)")
