@@ -302,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps({"round": r, "target": loaded.spec, "dtype": args.dtype, "batch_size": args.batch_size,
                                 "answer_tokens": args.answer_tokens, "question_tokens": args.question_tokens,
                                 "passage_tokens": args.passage_tokens,
-                                "passage_temperature": args.passage_temperature, "seed": args.seed}) + "\n")
+                                "passage_temperature": args.passage_temperature, "passage_top_p": PASSAGE_TOP_P,
+                                "seed": args.seed}) + "\n")
         new = sum(len(x["input_ids"]) - x["prompt_len"] for x in records)
         tokens += new
         print(f"[tasks] round {r}: {len(records)} records, {new} answer tokens in {time.perf_counter() - t0:.0f} s; "
