@@ -68,6 +68,7 @@ _EXPORTS: dict[str, str] = {
     # EAGLE
     "EagleHead": "eagle", "EagleDrafter": "eagle", "EagleLoadError": "eagle", "load_eagle": "eagle",
     "read_eagle": "eagle", "save_eagle": "eagle", "eagle_head_config": "eagle", "DEFAULT_EAGLE_DIR": "eagle",
+    "eagle_spec": "eagle",
     "EAGLE_KNOBS": "limits", "MAX_EAGLE_DEPTH": "limits", "MAX_EAGLE_TOP_K": "limits",
     "MAX_EAGLE_TOTAL_TOKENS": "limits", "SOURCE_EAGLE": "mixture",
     # REST

@@ -162,10 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from playground.bench.questions import BenchError, load_questions
-    from playground.engine import Engine, MethodSpec, ModelLoadError
-    from playground.engine.decoding import GenerationSettings
-    from playground.engine.eagle import eagle_spec
-    from playground.engine.eagle.checkpoint import EagleLoadError, load_eagle
+    from playground.engine import (EagleLoadError, Engine, GenerationSettings, MethodSpec, ModelLoadError,
+                                   eagle_spec, load_eagle)
 
     if args.json is not None and not args.json.parent.is_dir():
         print(f"error: --json: no folder {str(args.json.parent)!r}", file=sys.stderr)
