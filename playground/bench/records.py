@@ -24,6 +24,7 @@ Fields
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 from pathlib import Path
@@ -81,14 +82,16 @@ def from_jsonl(text: str) -> list[dict]:
 
 
 def read_records(path: str | Path) -> list[dict]:
-    """The records of a results file (JSONL, as ``--out`` writes it).
+    """The records of a results file (JSONL, as ``--out`` writes it; gzip-compressed when its name ends
+    in ``.gz``, as the committed ``data/bench/`` records are).
 
     Raises:
-        OSError: the file cannot be read.
+        OSError: the file cannot be read (or is not gzip data).
         ValueError: a line that is not a JSON object (names the file and the line number).
     """
     try:
-        return from_jsonl(Path(path).read_text(encoding="utf-8"))
+        raw = Path(path).read_bytes()
+        return from_jsonl((gzip.decompress(raw) if str(path).endswith(".gz") else raw).decode("utf-8"))
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
 

@@ -24,7 +24,6 @@ benchmark against 0.72 held out (summarization 0.28, math_reasoning 0.69); see d
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 from collections import defaultdict
@@ -46,13 +45,12 @@ def read_baseline_answers(paths: list[str | Path]) -> dict[int | str, tuple[int,
         ValueError: a file that cannot be read, a row without ``question_id`` / ``output_ids``, or no
             such rows at all.
     """
+    from playground.bench import read_records
+
     out: dict = {}
     for p in paths:
-        p = Path(p)
         try:
-            opener = gzip.open if p.suffix == ".gz" else open
-            with opener(p, "rt") as f:
-                rows = [json.loads(line) for line in f if line.strip()]
+            rows = read_records(p)
         except (OSError, ValueError) as e:
             raise ValueError(f"could not read benchmark records {str(p)!r}: {e}") from None
         for r in rows:
