@@ -135,6 +135,9 @@ def test_learned_state_is_never_shared_between_methods_or_settings():
     table = lambda mix: dict(mix.members)["recycling"].table  # noqa: E731
     assert cache(a) is cache(b) and table(a) is table(b)
     assert cache(a) is not cache(c) and table(a) is not table(c)
+    d = engine.make_drafter(MethodSpec("mixture"))  # the same members with budget auto
+    assert cache(a) is not cache(d) and table(a) is not table(d)
+    assert cache(d) is cache(engine.make_drafter(MethodSpec("mixture")))
     assert len({id(cache(a)), id(suffix_alone.cache), id(suffix_auto.cache)}) == 3
     # acceptance calibrations too: kept across runs of one setting, never shared with another method
     lookup = build("prompt_lookup")

@@ -187,9 +187,10 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
     out = _Output(method or drafter.name, drafter, prompt_ids, settings,
                   set(eos_token_ids) if settings.stop_on_eos else set(), tokenizer)
     cache = target.new_cache()
-    drafter.begin(list(prompt_ids))
-    # Prefill: one pass over the prompt gives the first new token (time to first token).
+    # Prefill: one pass over the prompt gives the first new token (time to first token). The
+    # drafter's own work on the prompt (suffix trees, n-gram pools, caches) is timed with it.
     t0 = target.clock()
+    drafter.begin(list(prompt_ids))
     with target.capture_features(layers) as features:
         logits = target.forward(cache, torch.tensor(prompt_ids, dtype=torch.long), last_only=True)
         feats = features() if layers else None

@@ -281,9 +281,13 @@ def _build(engine, params: dict) -> MixtureDrafter:
     def defaults(info) -> dict:
         return {**{k.name: k.default for k in info.knobs}, "budget": "off"}
 
+    # Each members and budget setting learns on its own: two mixtures side by side (the benchmark's
+    # ``mixture`` and ``mixture:budget=off``) never read each other's outputs of the same prompt.
+    budget = params.get("budget", "off")
+
     def make(p: dict) -> MixtureDrafter:
         members = []
-        owner = f"mixture[{parse_members(p['members'])}]"  # each members setting learns on its own
+        owner = f"mixture[{parse_members(p['members'])};budget={budget}]"
         for name in parse_members(p["members"]).split(","):
             if name == "medusa" and getattr(engine, "medusa", None) is None:
                 continue  # Medusa joins only when heads are loaded
