@@ -80,3 +80,25 @@ def test_only_where_it_applies(monkeypatch):
     monkeypatch.setenv(cpu_attention.ENV_SWITCH, "0")
     model = tiny_llama(0)
     assert not use_gqa_attention(model) and model.config._attn_implementation == "sdpa"
+
+
+def test_tiled_mask_is_made_once_per_pass_and_afresh_for_a_new_mask():
+    """Every layer of a pass gets the same mask object: its tiled copy is reused; a different mask of
+    the same shape (the next pass, perhaps at a freed mask's address) is tiled from its own values."""
+    import gc
+
+    from playground.engine.cpu_attention import _tiled_mask
+
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        mask = torch.where(torch.rand(1, 1, 5, 12, generator=g) < 0.5, 0.0, torch.finfo(torch.float32).min)
+        tiled = _tiled_mask(mask, 3)
+        assert torch.equal(tiled, mask.repeat(1, 1, 3, 1))
+        assert _tiled_mask(mask, 3) is tiled  # the next layer of the same pass
+        assert torch.equal(_tiled_mask(mask, 2), mask.repeat(1, 1, 2, 1))  # another group size
+        mask[..., 0] = 0.0  # changed in place
+        assert torch.equal(_tiled_mask(mask, 2), mask.repeat(1, 1, 2, 1))
+        del mask, tiled
+        gc.collect()
+        other = torch.where(torch.rand(1, 1, 5, 12, generator=g) < 0.5, 0.0, torch.finfo(torch.float32).min)
+        assert torch.equal(_tiled_mask(other, 3), other.repeat(1, 1, 3, 1))

@@ -24,6 +24,8 @@ from 32.5 / 36.9 / 43.9 ms to 29.1 / 32.3 / 38.5 ms, identical logits.
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -56,9 +58,31 @@ def gqa_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.T
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     folded = query.reshape(b, h // n_rep, n_rep * q, d)
-    mask = attention_mask.repeat(1, 1, n_rep, 1)
+    mask = _tiled_mask(attention_mask, n_rep)
     out = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
     return out.reshape(b, h, q, d).transpose(1, 2).contiguous(), None
+
+
+_last_tiled = threading.local()
+
+
+def _tiled_mask(attention_mask: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """``attention_mask`` ``(B, 1, q, kv_len)`` tiled ``n_rep`` times along its rows.
+
+    A forward pass hands every layer the same mask object, so the tiled copy is made once per pass
+    (per thread): the last mask is held by a weak reference, and a new mask object (even one at a
+    freed one's address) or one changed in place outside inference mode is tiled afresh. On the
+    default model's verification passes (30 layers, 5 queries after 400 cached tokens, the 2-vCPU
+    AVX2 EPYC) tiling in every layer cost about 1 ms of a 58 ms pass."""
+    last = getattr(_last_tiled, "entry", None)
+    # An in-place change bumps the version (inference tensors keep none; the engine's masks are new
+    # each pass).
+    key = (n_rep, None if attention_mask.is_inference() else attention_mask._version)
+    if last is not None and last[0]() is attention_mask and last[1] == key:
+        return last[2]
+    tiled = attention_mask.repeat(1, 1, n_rep, 1)
+    _last_tiled.entry = (weakref.ref(attention_mask), key, tiled)
+    return tiled
 
 
 def _register() -> None:
