@@ -61,3 +61,30 @@ def test_step_cost_round_trips_through_json(tmp_path):
                 assert back(q, chain, ctx) == pytest.approx(COST(q, chain, ctx))
     short = StepCost(COST.chain, COST.tree, 20)
     assert StepCost.from_dict(short.as_dict()).long_chain is None
+
+
+def test_first_turn_rows_in_either_turn_numbering():
+    """Records number turns from 0 (since 2026-12-02) or from 1 (older files): the replay takes each
+    question's lowest turn of the baseline, never a second turn's row (whose prompt it cannot rebuild)."""
+    from playground.bench.replay import first_turn_rows
+
+    def row(q, turn, method="autoregressive"):
+        return {"question_id": q, "turn": turn, "method": method, "output_ids": [q, turn]}
+    new = [row(81, 0), row(81, 1), row(82, 0), row(81, 0, "suffix"), row(161, 0)]
+    assert [(r["question_id"], r["turn"]) for r in first_turn_rows(new)] == [(81, 0), (82, 0), (161, 0)]
+    old = [row(81, 1), row(81, 2), row(161, 1)]
+    assert [(r["question_id"], r["turn"]) for r in first_turn_rows(old)] == [(81, 1), (161, 1)]
+    assert first_turn_rows([row(81, 0, "suffix")]) == []
+
+
+def test_cli_refuses_records_without_a_baseline(tmp_path, capsys):
+    """No autoregressive rows: a clear error and exit 2, before any model loads."""
+    import json
+
+    from playground.bench.replay import main
+
+    records = tmp_path / "r.jsonl"
+    records.write_text(json.dumps({"question_id": 81, "turn": 0, "method": "suffix", "output_ids": [1]}) + "\n")
+    assert main(["--records", str(records), "--questions", "assets/bench/spec_bench_dev.jsonl",
+                 "--methods", "prompt_lookup"]) == 2
+    assert "no autoregressive rows" in capsys.readouterr().err

@@ -95,6 +95,21 @@ def replay(drafter, prompt_ids: list[int], truth: list[int], max_new_tokens: int
     return {"new_tokens": emitted, "steps": steps, "proposed": proposed, "time": time, "trace": trace}
 
 
+def first_turn_rows(records: list[dict]) -> list[dict]:
+    """The ``autoregressive`` rows of each question's first turn (the replay rebuilds only first
+    turns' prompts: a later turn's holds that method's own earlier answers).
+
+    The first turn is the lowest ``turn`` among a question's rows: 0 in records written since
+    2026-12-02 (``playground.bench``, ``scripts/bench_interleaved.py``), 1 in older ones.
+    """
+    rows = [r for r in records if r.get("method") == "autoregressive"]
+    first: dict[str, int] = {}
+    for r in rows:
+        q = str(r["question_id"])
+        first[q] = min(first.get(q, 1 << 30), int(r.get("turn", 0)))
+    return [r for r in rows if int(r.get("turn", 0)) == first[str(r["question_id"])]]
+
+
 def check_replayable(spec) -> None:
     """Raise ValueError unless ``spec`` (a MethodSpec) is a token-only method (:data:`REPLAYABLE`)."""
     names = [spec.name]
@@ -134,7 +149,10 @@ def main(argv=None) -> int:
         return 2
     opener = gzip.open if args.records.endswith(".gz") else open
     with opener(args.records, "rt") as f:
-        base = [r for r in map(json.loads, f) if r["method"] == "autoregressive"]
+        base = first_turn_rows([json.loads(line) for line in f if line.strip()])
+    if not base:
+        print(f"error: {args.records} has no autoregressive rows to replay", file=sys.stderr)
+        return 2
     questions = {q.question_id: q for q in load_questions(args.questions)}
     engine = Engine.load("default", methods=sorted({s.name for _, s in methods}))
     if args.cost and os.path.exists(args.cost):
@@ -146,8 +164,13 @@ def main(argv=None) -> int:
             with open(args.cost, "w") as f:
                 json.dump(cost.as_dict(), f)
     tot = collections.defaultdict(lambda: [0, 0.0, 0])
+    skipped = 0
     for r in base:
-        ids = engine.encode_prompt(questions[r["question_id"]].turns[r.get("turn", 1) - 1])
+        q = questions.get(r["question_id"])
+        ids = engine.encode_prompt(q.turns[0]) if q is not None else []
+        if q is None or r.get("prompt_tokens", len(ids)) != len(ids):  # another template or question file
+            skipped += 1
+            continue
         for label, spec in methods:
             out = replay(engine.make_drafter(spec), ids, r["output_ids"], args.max_new_tokens, cost)
             for c in (r["category"], "overall"):
@@ -155,11 +178,17 @@ def main(argv=None) -> int:
                 t[0] += out["new_tokens"]
                 t[1] += out["time"]
                 t[2] += out["steps"] + 1
+    if skipped:
+        print(f"skipped {skipped} of {len(base)} first turns: question not in {args.questions}, or the recorded "
+              f"prompt length differs from this tokenizer's prompt of the question", file=sys.stderr)
+    if skipped == len(base):
+        print("error: no first turn left to replay", file=sys.stderr)
+        return 2
     labels = [label for label, _ in methods]
     width = max(12, *(len(x) for x in labels)) + 1
     print("modelled speedup over plain decoding (tokens per plain-step time), tau in brackets")
     print("category".ljust(15) + "".join(x.rjust(width) for x in labels))
-    for c in list(dict.fromkeys(r["category"] for r in base)) + ["overall"]:
+    for c in [c for c in dict.fromkeys(r["category"] for r in base) if (c, labels[0]) in tot] + ["overall"]:
         print(c.ljust(15) + "".join(f"{tot[(c, x)][0] / tot[(c, x)][1]:.3f} ({tot[(c, x)][0] / tot[(c, x)][2]:.2f})"
                                     .rjust(width) for x in labels))
     return 0
