@@ -223,6 +223,36 @@ def test_every_panel_reads_the_engines_one_verify_cost_curve():
         del worker.ENGINES[key]
 
 
+def test_the_budgets_step_cost_stands_in_for_the_theory_tabs_curve():
+    """Before the Theory tab measures, the page reads the chain curve the per-step budget timed on this
+    device at the first run (not the project's curve from another CPU)."""
+    from playground.engine import StepCost
+    from playground.ui import insight, step_inspector, worker
+
+    chain = theory.VerifyCost({1: 1.0, 2: 1.12, 5: 1.31}, {1: 0.045}, source="decoding steps verifying a chain")
+    steps = StepCost(chain, theory.VerifyCost({1: 1.0, 2: 1.2}), 48)
+
+    class _Engine:
+        def has_persistent(self, key):
+            return key == "step_cost"
+
+        def persistent(self, key, factory):
+            assert key == "step_cost"
+            return steps
+
+    key = worker.register(_Engine())
+    try:
+        cost = insight.verify_cost_for(key)
+        assert insight.measured_here(cost) and cost.table == chain.table and "verifying a chain" in cost.source
+        store = step_inspector.RunSteps(["draft_model"])
+        store.stats = {"draft_model": {"steps": 5, "new_tokens": 9, "proposed": 8, "alpha": 0.5, "elapsed_s": 1.0,
+                                       "ttft_s": 0.2, "draft_s": 0.1, "verify_s": 0.7, "tokens_per_s": 9.0, "tau": 1.8}}
+        why = step_inspector.why_markdown(None, key, store)
+        assert "not on this device" not in why
+    finally:
+        del worker.ENGINES[key]
+
+
 def test_presets_and_command_line():
     p = presets.PRESETS
     assert p["default"].target == "default" and p["default"].offline

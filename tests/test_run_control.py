@@ -122,3 +122,38 @@ def test_page_run_stops_at_once_during_a_calibration_and_says_what_it_waits_for(
     assert time.perf_counter() - stopped_at < 10 * POLL_S + 1.0, "Stop waited for the calibration"
     final = html.unescape(" ".join(str(v) for v in updates[-1]))
     assert "Stopped after 0 tokens" in final and "stopped before the first token" in final
+
+
+def test_stream_says_start_before_the_first_method_reads_the_prompt():
+    """The page times a run and names the method reading the prompt from the "start" event, so it
+    comes once the checks pass and before the first step (the first method's prefill) runs; a
+    ValueError of that first step still reaches the page as a warning."""
+    from playground.engine import GenerationSettings
+    from playground.ui import worker
+
+    log = []
+
+    class _Engine:
+        def encode_prompt(self, prompt):
+            return [1, 2, 3]
+
+        def run(self, prompt_ids, specs, settings, cancel=None):
+            log.append("checked")
+
+            def steps():
+                log.append("first step")
+                if specs[0].name == "bad":
+                    raise ValueError("the first step refused")
+                yield from ()
+            return steps()
+
+    key = worker.register(_Engine())
+    try:
+        settings = worker.settings_dict(GenerationSettings(max_new_tokens=4))
+        stream = worker.stream_run(key, "hi", [{"name": "autoregressive", "params": {}}], settings)
+        assert next(stream) == {"type": "start", "prompt_tokens": 3} and log == ["checked"]
+        assert list(stream) == [] and log == ["checked", "first step"]
+        bad = list(worker.stream_run(key, "hi", [{"name": "bad", "params": {}}], settings))
+        assert bad == [{"type": "start", "prompt_tokens": 3}, {"type": "warning", "message": "the first step refused"}]
+    finally:
+        del worker.ENGINES[key]

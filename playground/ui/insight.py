@@ -30,14 +30,20 @@ CUSTOM = "custom"
 def verify_cost_for(engine_key: str) -> theory.VerifyCost:
     """The one verify-cost curve every part of the page reads: the engine's kept curve
     (``Engine.verify_cost``, as the Theory tab last fetched it, or as the engine holds it when another
-    part measured it, e.g. EAGLE's tree sizing), else the project's measurement (``theory.FALLBACK``).
-    Raw (as timed); callers use ``.monotone()``, the fit shown on the Theory tab."""
+    part measured it, e.g. EAGLE's tree sizing), else the chain curve of the per-step budget's
+    step-cost timing when the engine has made it (``step_cost``: decoding steps verifying a chain,
+    relative to plain steps, timed on this device at the first run), else the project's measurement
+    (``theory.FALLBACK``). Raw (as timed); callers use ``.monotone()``, the fit shown on the Theory tab."""
     d = VERIFY_COSTS.get(engine_key)
     if d:
         return theory.VerifyCost.from_dict(d)
     engine = worker.ENGINES.get(engine_key)
-    if engine is not None and getattr(engine, "has_persistent", lambda k: False)("verify_cost"):
+    has = getattr(engine, "has_persistent", lambda k: False)
+    if engine is not None and has("verify_cost"):
         return engine.verify_cost()
+    if engine is not None and has("step_cost"):
+        chain = engine.persistent("step_cost", lambda: None).chain
+        return theory.VerifyCost(chain.table, chain.seconds, source=f"measured on this device ({chain.source})")
     return theory.FALLBACK
 
 

@@ -108,9 +108,11 @@ def stream_run(engine_key: str, prompt: str, specs: list[dict], settings: dict) 
         settings: see :func:`settings_dict`.
 
     Yields:
-        ``{"type": "start", "prompt_tokens": int}``, then one :func:`event_dict` per step
-        (round-robin over methods); after bad input (empty prompt, unavailable method, too long)
-        a single ``{"type": "warning", "message": str}`` instead. Closing the generator cancels
+        ``{"type": "start", "prompt_tokens": int}`` once the run's checks passed (before the first
+        method reads the prompt), then one :func:`event_dict` per step (round-robin over methods);
+        after bad input (empty prompt, unavailable method, too long) a single
+        ``{"type": "warning", "message": str}`` instead (after ``start`` when the first step
+        raises it). Closing the generator cancels
         the run after its current step.
     """
     engine = engine_for(engine_key)
@@ -120,12 +122,17 @@ def stream_run(engine_key: str, prompt: str, specs: list[dict], settings: dict) 
         try:
             prompt_ids = engine.encode_prompt(prompt)
             events = engine.run(prompt_ids, _specs(specs), _settings(settings), cancel=cancel)
-            first = next(events, None)
         except ValueError as e:
             yield {"type": "warning", "message": str(e)}
             return
+        # Before the first method reads the prompt: the page times the run (and says which method
+        # reads the prompt) from here.
         yield {"type": "start", "prompt_tokens": len(prompt_ids)}
-        event = first
+        try:
+            event = next(events, None)
+        except ValueError as e:
+            yield {"type": "warning", "message": str(e)}
+            return
         while event is not None:
             yield event_dict(event)
             event = next(events, None)
