@@ -25,5 +25,5 @@ def test_readme_python_api_example_runs():
     with contextlib.redirect_stdout(out):
         exec(compile(_api_example(), "README.md (Python API)", "exec"), {})
     lines = out.getvalue().splitlines()
-    assert [line.split()[0] for line in lines] == ["autoregressive", "draft_model", "medusa"]
+    assert [line.split()[0] for line in lines] == ["autoregressive", "eagle", "mixture"]
     assert all(line.endswith("same as baseline: True") for line in lines), lines
