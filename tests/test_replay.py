@@ -88,3 +88,23 @@ def test_cli_refuses_records_without_a_baseline(tmp_path, capsys):
     assert main(["--records", str(records), "--questions", "assets/bench/spec_bench_dev.jsonl",
                  "--methods", "prompt_lookup"]) == 2
     assert "no autoregressive rows" in capsys.readouterr().err
+
+
+def test_a_saved_curve_is_the_budgets_curve_too(tmp_path):
+    """With a cost file, every drafter's per-step budget prunes with the file's curve (not one timed on
+    the spot, which moves with the machine's load), and a missing file is written from one timing."""
+    import json
+
+    from playground.bench.replay import replay_cost
+
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps(COST.as_dict()))
+    engine = Engine(FakeLoaded(tiny_llama(2)))
+    cost = replay_cost(engine, str(path))
+    assert cost.as_dict() == COST.as_dict()
+    drafter = engine.make_drafter(MethodSpec("prompt_lookup"))  # budget auto
+    assert drafter.budget_cost is cost
+    fresh = tmp_path / "fresh.json"
+    timed = replay_cost(Engine(FakeLoaded(tiny_llama(2))), str(fresh))
+    from playground.engine import StepCost
+    assert StepCost.from_dict(json.loads(fresh.read_text())).as_dict() == timed.as_dict()

@@ -110,6 +110,27 @@ def first_turn_rows(records: list[dict]) -> list[dict]:
     return [r for r in rows if int(r.get("turn", 0)) == first[str(r["question_id"])]]
 
 
+def replay_cost(engine, path: str | None):
+    """The step-cost curve a replay prices and prunes with, made the engine's own (the per-step budget
+    of every drafter built after this reads it): read from ``path`` when that file exists, else timed
+    here once (and written to ``path`` when given).
+
+    Until 2026-12-05 a curve read from a file only priced the steps, while each drafter's budget
+    timed a curve of its own on the spot, so a replay's proposals moved with the machine's load
+    (REST's tau 1.33-1.46 over three replays of one record file)."""
+    from playground.engine import StepCost, engine_step_cost
+
+    if path and os.path.exists(path):
+        with open(path) as f:
+            saved = StepCost.from_dict(json.load(f))
+        return engine.persistent("step_cost", lambda: saved)
+    cost = engine_step_cost(engine)  # timed once on this machine: every method is replayed with it
+    if path:
+        with open(path, "w") as f:
+            json.dump(cost.as_dict(), f)
+    return cost
+
+
 def check_replayable(spec) -> None:
     """Raise ValueError unless ``spec`` (a MethodSpec) is a token-only method (:data:`REPLAYABLE`)."""
     names = [spec.name]
@@ -137,7 +158,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from playground.bench import load_questions
-    from playground.engine import Engine, StepCost, engine_step_cost
+    from playground.engine import Engine
     from playground.bench.cli import method_spec
 
     methods = [method_spec(m) for m in args.methods.split(",")]
@@ -155,14 +176,7 @@ def main(argv=None) -> int:
         return 2
     questions = {q.question_id: q for q in load_questions(args.questions)}
     engine = Engine.load("default", methods=sorted({s.name for _, s in methods}))
-    if args.cost and os.path.exists(args.cost):
-        with open(args.cost) as f:
-            cost = StepCost.from_dict(json.load(f))
-    else:
-        cost = engine_step_cost(engine)  # timed once on this machine: every method is replayed with it
-        if args.cost:
-            with open(args.cost, "w") as f:
-                json.dump(cost.as_dict(), f)
+    cost = replay_cost(engine, args.cost)
     tot = collections.defaultdict(lambda: [0, 0.0, 0])
     skipped = 0
     for r in base:
