@@ -89,6 +89,7 @@ def test_tiled_mask_is_made_once_per_pass_and_afresh_for_a_new_mask():
 
     from playground.engine.cpu_attention import _tiled_mask
 
+    reused = 0
     for seed in range(20):
         g = torch.Generator().manual_seed(seed)
         mask = torch.where(torch.rand(1, 1, 5, 12, generator=g) < 0.5, 0.0, torch.finfo(torch.float32).min)
@@ -98,7 +99,11 @@ def test_tiled_mask_is_made_once_per_pass_and_afresh_for_a_new_mask():
         assert torch.equal(_tiled_mask(mask, 2), mask.repeat(1, 1, 2, 1))  # another group size
         mask[..., 0] = 0.0  # changed in place
         assert torch.equal(_tiled_mask(mask, 2), mask.repeat(1, 1, 2, 1))
-        del mask, tiled
+        fresh = mask.clone()  # version 0, like the next pass's new mask
+        assert torch.equal(_tiled_mask(fresh, 3), fresh.repeat(1, 1, 3, 1))
+        address = id(fresh)
+        del mask, tiled, fresh
         gc.collect()
         other = torch.where(torch.rand(1, 1, 5, 12, generator=g) < 0.5, 0.0, torch.finfo(torch.float32).min)
-        assert torch.equal(_tiled_mask(other, 3), other.repeat(1, 1, 3, 1))
+        reused += id(other) == address  # same identity number, same group size and version: only the
+        assert torch.equal(_tiled_mask(other, 3), other.repeat(1, 1, 3, 1))  # weak reference tells them apart

@@ -236,9 +236,8 @@ def test_the_budgets_step_cost_stands_in_for_the_theory_tabs_curve():
         def has_persistent(self, key):
             return key == "step_cost"
 
-        def persistent(self, key, factory):
-            assert key == "step_cost"
-            return steps
+        def persisted(self, key):
+            return steps if key == "step_cost" else None
 
     key = worker.register(_Engine())
     try:

@@ -99,8 +99,9 @@ def first_turn_rows(records: list[dict]) -> list[dict]:
     """The ``autoregressive`` rows of each question's first turn (the replay rebuilds only first
     turns' prompts: a later turn's holds that method's own earlier answers).
 
-    The first turn is the lowest ``turn`` among a question's rows: 0 in records written since
-    2026-12-02 (``playground.bench``, ``scripts/bench_interleaved.py``), 1 in older ones.
+    The first turn is the lowest ``turn`` among a question's rows: ``playground.bench`` has always
+    numbered turns from 0, ``scripts/bench_interleaved.py`` from 1 until 2026-12-02 (its records
+    under ``data/bench/`` up to ``2026-12-02/``, which also lack ``prompt_tokens``) and from 0 since.
     """
     rows = [r for r in records if r.get("method") == "autoregressive"]
     first: dict[str, int] = {}

@@ -260,6 +260,10 @@ class Engine:
         """Whether :meth:`persistent` has made the object under ``key`` (e.g. a calibration ran)."""
         return key in self._persistent
 
+    def persisted(self, key: str) -> Any:
+        """The object :meth:`persistent` made under ``key``, or None (nothing is made here)."""
+        return self._persistent.get(key)
+
     def forget(self, prefix: str = "") -> None:
         """Drop the persistent state whose key starts with ``prefix`` (all when empty); the benchmark
         calls it after warm-up so that no method learns from warm-up output."""

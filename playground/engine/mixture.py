@@ -281,7 +281,7 @@ def _build(engine, params: dict) -> MixtureDrafter:
     def defaults(info) -> dict:
         return {**{k.name: k.default for k in info.knobs}, "budget": "off"}
 
-    # Each members and budget setting learns on its own: two mixtures side by side (the benchmark's
+    # Each (members, budget) setting learns on its own: two mixtures side by side (the benchmark's
     # ``mixture`` and ``mixture:budget=off``) never read each other's outputs of the same prompt.
     budget = params.get("budget", "off")
 

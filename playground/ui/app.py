@@ -277,7 +277,11 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
         for event in events:
             if event is None:  # nothing yet: say what the engine is doing before the first step
                 waited = time.perf_counter() - start
-                if not prompt_tokens and waited >= WAITING_STATUS_S and time.perf_counter() - last >= 1.0:
+                # Before the start event, or after it while one-time work (a timing another part of the
+                # page started, another session's calibration) holds the engine before the first step.
+                waiting = not prompt_tokens or (engine.making is not None and all(
+                    view.outputs[m].last is None for m in view.chosen))
+                if waiting and waited >= WAITING_STATUS_S and time.perf_counter() - last >= 1.0:
                     yield _message_only(render.status_html("running", waiting_status(engine.making, waited)))
                     last = time.perf_counter()
                 continue

@@ -38,11 +38,11 @@ def verify_cost_for(engine_key: str) -> theory.VerifyCost:
     if d:
         return theory.VerifyCost.from_dict(d)
     engine = worker.ENGINES.get(engine_key)
-    has = getattr(engine, "has_persistent", lambda k: False)
-    if engine is not None and has("verify_cost"):
+    if engine is not None and getattr(engine, "has_persistent", lambda k: False)("verify_cost"):
         return engine.verify_cost()
-    if engine is not None and has("step_cost"):
-        chain = engine.persistent("step_cost", lambda: None).chain
+    steps = getattr(engine, "persisted", lambda k: None)("step_cost")
+    if steps is not None:
+        chain = steps.chain
         return theory.VerifyCost(chain.table, chain.seconds, source=f"measured on this device ({chain.source})")
     return theory.FALLBACK
 

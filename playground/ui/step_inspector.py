@@ -251,8 +251,8 @@ def _bonus_li(bonus: str) -> str:
 # ----- why this speed -------------------------------------------------------------------------------
 def _cost_curve(engine, engine_key: str):
     """``(cost(q, is_chain) -> plain steps, the curve)``: the page's one verify-cost curve
-    (``insight.verify_cost_for``: the engine's kept ``Engine.verify_cost``, else the project's
-    measurement), fitted as the Theory tab shows it (``.monotone()``)."""
+    (``insight.verify_cost_for``: the engine's kept ``Engine.verify_cost``, else the budget's step-cost
+    curve timed on this device, else the project's measurement), fitted as the Theory tab shows it (``.monotone()``)."""
     vc = insight.verify_cost_for(engine_key).monotone()
     return (lambda q, chain: vc(q)), vc
 

@@ -3,7 +3,8 @@
 Formulas from :mod:`playground.engine.theory` (Leviathan et al. 2023): expected tokens per step
 (1 - alpha^(K+1)) / (1 - alpha), step cost K*c + verify_cost(K+1), speedup = their ratio.
 The verify cost is measured on this device with the loaded target the first time the tab opens
-(cached per engine in :data:`insight.VERIFY_COSTS`); until then, or on request, the project's own
+(cached per engine in :data:`insight.VERIFY_COSTS`); until then the chain curve the per-step
+budget timed on this device at the first run, if any; before that, or on request, the project's own
 measurement on another CPU (``theory.FALLBACK``, from ``assets/measurements.json``, which
 ``python -m playground.measure --verify-cost`` rewrites) or the paper's constant 1 is used. The
 measured curve is the engine's one kept curve (``Engine.verify_cost``), which the "why this speed"
