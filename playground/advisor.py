@@ -7,8 +7,7 @@ names the rule it follows. Where the project's own measurements disagree with a 
 says so in ``measured_notes``, naming the machine. Those figures are read from
 ``assets/measurements.json`` (:mod:`playground.measure`, which reruns them), never written here:
 per-method Spec-Bench speedups by CPU instruction set, and the verify cost (this device's when
-the page has measured it (the Theory tab, or the per-step budget's timing), else the file's,
-``theory.FALLBACK``).
+the page has measured it (Theory tab or the budget's timing), else the file's, ``theory.FALLBACK``).
 
 On a CPU, K follows from the verify cost with the Theory tab's formula (``theory.optimal_k``), so
 the advisor and the page agree. Knobs that do nothing in the mode advised (Medusa's posterior
@@ -273,9 +272,8 @@ def _verify_note(verify_cost) -> str:
     """The verify cost the advice is based on, where it was measured."""
     tail = ("where the rules assume a GPU on which it costs about 1x. So smaller K and smaller Lookahead "
             "windows win on a CPU.")
-    if verify_cost is not theory.FALLBACK:  # measured here (advise's contract)
-        top = max(verify_cost.table)
-        where = "the per-step budget's timing" if "decoding steps" in verify_cost.source else "Theory tab"
+    if verify_cost is not theory.FALLBACK:  # measured here: the Theory tab's curve or the budget's (advise's contract)
+        top, where = max(verify_cost.table), "the budget" if "decoding steps" in verify_cost.source else "Theory tab"
         return (f"Measured on this device ({where}): verifying 9 tokens costs {verify_cost(9):.2f}x and "
                 f"{top} tokens {verify_cost(top):.2f}x one single-token forward, {tail}")
     found = fallback_verify_record()

@@ -191,7 +191,6 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
     # drafter's own work on the prompt (suffix trees, n-gram pools, caches) is timed with it.
     t0 = target.clock()
     drafter.begin(list(prompt_ids))
-    t_begin = target.clock() - t0
     with target.capture_features(layers) as features:
         logits = target.forward(cache, torch.tensor(prompt_ids, dtype=torch.long), last_only=True)
         feats = features() if layers else None
@@ -199,8 +198,8 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
     first = int(logits[0].argmax()) if sampling.greedy else \
         int(torch.multinomial(logits_to_probs(logits[0], sampling), 1, generator=generator).item())
     event = out.emit([first], [SOURCE_TARGET], _margins(logits), step=0, proposed=0, accepted=0,
-                     seconds=target.clock() - t0, draft_s=t_begin)
-    event.tree = StepTree([], [], [], [], [], first, t_begin, event.seconds - t_begin)
+                     seconds=target.clock() - t0)
+    event.tree = StepTree([], [], [], [], [], first, 0.0, event.seconds)
     step = 0
     run_rate = RunRate()  # the budget's lambda: this run's tokens per unit of modelled step time
     while not event.finished:

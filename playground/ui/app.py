@@ -26,8 +26,7 @@ from typing import Any, Iterator
 import gradio as gr
 
 from playground.engine import BASELINE, METHODS, Engine, MethodSpec, RunOutput, source_labels
-from playground.engine import check_lossless, is_lossless
-from playground.engine import GenerationSettings
+from playground.engine import GenerationSettings, check_lossless, is_lossless
 from playground.engine import GENERATION_KNOBS, REPETITION_PENALTY_KNOB
 
 from . import advisor_tab, bench_tab, charts, guide, history, insight, medusa_panel, models_tab, render
@@ -277,10 +276,7 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
         for event in events:
             if event is None:  # nothing yet: say what the engine is doing before the first step
                 waited = time.perf_counter() - start
-                # Before the start event, or after it while one-time work (a timing another part of the
-                # page started, another session's calibration) holds the engine before the first step.
-                waiting = not prompt_tokens or (engine.making is not None and all(
-                    view.outputs[m].last is None for m in view.chosen))
+                waiting = not prompt_tokens or (engine.making and all(view.outputs[m].last is None for m in view.chosen))
                 if waiting and waited >= WAITING_STATUS_S and time.perf_counter() - last >= 1.0:
                     yield _message_only(render.status_html("running", waiting_status(engine.making, waited)))
                     last = time.perf_counter()
