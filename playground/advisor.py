@@ -11,9 +11,8 @@ the page has measured it (Theory tab or the budget's timing), else the file's, `
 
 On a CPU, K follows from the verify cost with the Theory tab's formula (``theory.optimal_k``), so
 the advisor and the page agree. Knobs that do nothing in the mode advised (Medusa's posterior
-threshold and alpha under exact acceptance) are not listed.
-
-This module imports no UI code and loads no model at import time.
+threshold and alpha under exact acceptance) are not listed. This module imports no UI code and
+loads no model at import time.
 """
 
 from __future__ import annotations
@@ -124,8 +123,7 @@ def draft_ratio_ok(target_b: float, draft_b: float) -> bool:
         return False
     if any(abs(target_b - t) / t < 0.1 and abs(draft_b - d) / d < 0.2 for t, d in DRAFT_SIZE_EXAMPLES_B.items()):
         return True
-    lo, hi = DRAFT_RATIO_RANGE
-    return lo <= target_b / draft_b <= hi
+    return DRAFT_RATIO_RANGE[0] <= target_b / draft_b <= DRAFT_RATIO_RANGE[1]
 
 
 def lookahead_settings(target_b: float, device: str = "gpu") -> dict[str, int]:
@@ -272,8 +270,10 @@ def _verify_note(verify_cost) -> str:
     """The verify cost the advice is based on, where it was measured."""
     tail = ("where the rules assume a GPU on which it costs about 1x. So smaller K and smaller Lookahead "
             "windows win on a CPU.")
-    if verify_cost is not theory.FALLBACK:  # measured here: the Theory tab's curve or the budget's (advise's contract)
-        top, where = max(verify_cost.table), "the budget" if "decoding steps" in verify_cost.source else "Theory tab"
+    if verify_cost is not theory.FALLBACK:  # measured here: the Theory tab's or the budget's curve (advise's contract)
+        timed = [n for n in verify_cost.table if n <= max(verify_cost.seconds, default=0)]  # not the fit's extrapolation
+        top = max(timed) if len(timed) > 1 else max(verify_cost.table)
+        where = "the budget" if "decoding steps" in verify_cost.source else "Theory tab"
         return (f"Measured on this device ({where}): verifying 9 tokens costs {verify_cost(9):.2f}x and "
                 f"{top} tokens {verify_cost(top):.2f}x one single-token forward, {tail}")
     found = fallback_verify_record()

@@ -200,6 +200,12 @@ def test_cpu_notes_quote_the_measurements_file_and_name_the_machine():
     cost = theory.VerifyCost({1: 1.0, 9: 1.5, 17: 2.0}, {1: 0.05}, source="measured on this device (cpu)")
     notes = advisor.advise(advisor.Situation(7, device="cpu"), verify_cost=cost).measured_notes
     assert "Measured on this device" in notes[0] and "1.50x" in notes[0]
+    # the budget's step-cost curve: its fit reaches 65 queries, but the note quotes only what was timed
+    table = {1: 1.0, 9: 1.3, 17: 1.6, 33: 2.2, 65: 3.4}
+    cost = theory.VerifyCost(table, {1: 0.04, 9: 0.052, 17: 0.064, 33: 0.088},
+                             source="decoding steps verifying a chain of q - 1 nodes, relative to plain steps")
+    notes = advisor.advise(advisor.Situation(7, device="cpu"), verify_cost=cost).measured_notes
+    assert "(the budget)" in notes[0] and "33 tokens 2.20x" in notes[0] and "65 tokens" not in notes[0]
 
 
 def test_no_code_cites_readme():

@@ -107,3 +107,13 @@ def test_tiled_mask_is_made_once_per_pass_and_afresh_for_a_new_mask():
         other = torch.where(torch.rand(1, 1, 5, 12, generator=g) < 0.5, 0.0, torch.finfo(torch.float32).min)
         reused += id(other) == address  # same identity number, same group size and version: only the
         assert torch.equal(_tiled_mask(other, 3), other.repeat(1, 1, 3, 1))  # weak reference tells them apart
+    # Whether or not an address was reused above (reused counts it), deterministically: a remembered
+    # entry whose mask is gone (a dead weak reference) under the key the next mask has is never handed out.
+    import weakref
+
+    from playground.engine import cpu_attention
+    gone = torch.zeros(1, 1, 5, 12)
+    cpu_attention._last_tiled.entry = (weakref.ref(gone), (3, 0), torch.full((1, 1, 15, 12), 7.0))
+    del gone
+    following = torch.full((1, 1, 5, 12), -1.0)
+    assert following._version == 0 and torch.equal(_tiled_mask(following, 3), following.repeat(1, 1, 3, 1))

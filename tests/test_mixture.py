@@ -163,6 +163,13 @@ def test_eagle_member_needs_a_head_and_keeps_one_colour():
     engine = Engine(FakeLoaded(model), eagle=tiny_head(model, 0, draft_vocab=32, layers=(0, 1, 2)))
     d = engine.make_drafter(MethodSpec("mixture", {"members": "eagle,suffix,prompt_lookup", "budget": "off"}))
     assert d.feature_layers == tuple(engine.eagle.feature_layers)
+    # its draft gate's memory is the mixture setting's, not the eagle method's (nor another setting's)
+    gate = lambda mix: dict(mix.members)["eagle"].inner.gate_memory  # noqa: E731
+    alone = engine.make_drafter(MethodSpec("eagle"))
+    auto = engine.make_drafter(MethodSpec("mixture", {"members": "eagle,suffix,prompt_lookup"}))
+    assert len({id(gate(d)), id(gate(auto)), id(alone.gate_memory)}) == 3
+    assert gate(d) is gate(engine.make_drafter(MethodSpec("mixture", {"members": "eagle,suffix,prompt_lookup",
+                                                                       "budget": "off"})))
     from playground.engine.decoding import GenerationSettings
     events = list(engine.run_one([1, 2, 3, 4, 1, 2, 3], MethodSpec("mixture", {"members": "eagle,suffix,prompt_lookup"}),
                                  GenerationSettings(max_new_tokens=12)))

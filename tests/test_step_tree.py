@@ -116,3 +116,25 @@ def test_tree_is_plain_data():
     assert d["rejected"] == [1, 3] and d["path"] == [0, 2] and d["bonus_token"] == 9
     assert all(type(t) is int for t in d["tokens"] + d["parents"] + d["depths"])
     assert pickle.loads(pickle.dumps(d)) == d
+
+
+def test_drafters_work_on_the_prompt_counts_as_reading_it():
+    """A drafter's ``begin()`` (suffix trees, n-gram pools, caches over the prompt) is timed inside the
+    prefill step, whose drafting time stays 0: it shows in the time to first token, not in step 1."""
+    import time
+
+    from playground.engine import decode
+    from playground.engine.autoregressive import AutoregressiveDrafter
+    from playground.engine.target import CausalLM
+
+    class SlowToBegin(AutoregressiveDrafter):
+        def begin(self, prompt_ids):
+            time.sleep(0.2)
+            super().begin(prompt_ids)
+
+    events = list(decode(CausalLM(tiny_llama(0)), SlowToBegin(), [1, 2, 3, 4],
+                         GenerationSettings(max_new_tokens=3, stop_on_eos=False)))
+    prefill, first = events[0], events[1]
+    assert prefill.step == 0 and prefill.seconds >= 0.2 and prefill.tree.draft_s == 0.0
+    assert prefill.stats.ttft_s >= 0.2
+    assert first.step == 1 and first.tree.draft_s < 0.2

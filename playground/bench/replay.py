@@ -114,7 +114,8 @@ def first_turn_rows(records: list[dict]) -> list[dict]:
 def replay_cost(engine, path: str | None):
     """The step-cost curve a replay prices and prunes with, made the engine's own (the per-step budget
     of every drafter built after this reads it): read from ``path`` when that file exists, else timed
-    here once (and written to ``path`` when given).
+    here once (and written to ``path`` when given). An engine that already holds a step-cost curve
+    keeps it: the file is then not read (the command line's engine holds none).
 
     Until 2026-12-05 a curve read from a file only priced the steps, while each drafter's budget
     timed a curve of its own on the spot, so a replay's proposals moved with the machine's load

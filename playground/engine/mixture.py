@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .budget import AcceptanceEstimator, probability_bin, with_budget_knob
+from .budget import AcceptanceEstimator, GateMemory, probability_bin, with_budget_knob
 from .step_cost import build_with_budget
 from .drafter import DecodeState, Drafter, StepResult
 from .events import SOURCE_LOOKAHEAD, SOURCE_PROMPT_LOOKUP, SOURCE_TARGET
@@ -298,8 +298,9 @@ def _build(engine, params: dict) -> MixtureDrafter:
                     raise ValueError("mixture member eagle needs an EAGLE head: pass --eagle PATH_OR_HUB_ID (the "
                                      "default target loads assets/eagle/default)")
                 estimator = engine.persistent(f"learned/{owner}/acceptance/eagle", AcceptanceEstimator)
-                members.append((name, CalibratedMember(engine.make_drafter(MethodSpec("eagle", {})), estimator,
-                                                        SOURCE_EAGLE)))
+                member = engine.make_drafter(MethodSpec("eagle", {}))
+                member.gate_memory = engine.persistent(f"learned/{owner}/gate/eagle", GateMemory)  # not eagle's own
+                members.append((name, CalibratedMember(member, estimator, SOURCE_EAGLE)))
                 continue
             # Each member with its default knobs and no budget of its own (the merged tree is pruned);
             # learned state of its own (the mixture never reads what the suffix method learnt).

@@ -3,7 +3,8 @@
 Everything here reads a finished run's plain data (``_RunView.summary()`` in :mod:`.app`) and the
 formulas of :mod:`playground.engine.theory`; it runs no model. The verify-cost table measured
 by the Theory tab is cached here, per engine, so the draft panel's suggested K uses it once it
-exists (the fallback table before).
+exists; before that, the chain curve of the per-step budget's step timing on this device, and before
+that the project's measurement (:func:`verify_cost_for`).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def draft_panel_markdown(stats: dict | None, k: int | None, verify_cost: theory.
     verdict = "" if sug.pays_off else " — even the best K is expected to be slower than plain decoding here"
     lines.append(f"**Suggested K = {sug.k}** (expected {sug.speedup:.2f}×, τ {sug.tokens_per_step:.2f}); "
                  f"K = {m.k} as run: expected {m.speedup_as_run:.2f}×{verdict}. The Advisor tab uses this K. "
-                 f"Verify cost (the Theory tab's curve): {html.escape(verify_cost_source(verify_cost))}.")
+                 f"Verify cost: {html.escape(verify_cost_source(verify_cost))}.")
     return "\n\n".join(lines)
 
 

@@ -345,8 +345,8 @@ def why_markdown(engine, engine_key: str, store: RunSteps | None) -> str:
     where = insight.verify_cost_source(curve)
     if not insight.measured_here(curve):
         where += "; the Theory tab measures this device"
-    return ("**Why this speed** (one plain step = one target pass over one token; verify cost from the Theory "
-            f"tab's curve, {where}):\n\n" + "\n\n".join(lines))
+    return ("**Why this speed** (one plain step = one target pass over one token; verify cost "
+            f"{where}):\n\n" + "\n\n".join(lines))
 
 
 # ----- the per-step chart ----------------------------------------------------------------------------
