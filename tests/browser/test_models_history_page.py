@@ -144,8 +144,12 @@ def test_choose_models_then_history_and_downloads(browser, engine, gated_load, t
             _set_tokens(page, 8)
             for n in (1, 2):
                 page.locator("#run").click()
+                # This run's figures (8, then 6 tokens; the status may still say the last run's "Done"),
+                # waited for as long as a run: the stats line's Markdown can render seconds after the status.
+                stats = page.locator("#stats-draft_model")
+                expect(stats).to_contain_text(f"{8 if n == 1 else 6} new tokens", timeout=RUN_TIMEOUT_MS)
+                expect(stats).to_contain_text("tok/s")
                 expect(page.locator("#status")).to_contain_text("Done", timeout=RUN_TIMEOUT_MS)
-                expect(page.locator("#stats-draft_model")).to_contain_text("tok/s")
                 if n == 1:  # the second run: the same prompt with 6 tokens
                     page.locator("#status").click()  # leave the settings field
                     page.locator("#gen-max_new_tokens input[type=number]").fill("6")
