@@ -111,7 +111,7 @@ def test_typed_values_are_corrected_once_with_a_message_and_bad_options_are_not_
         page.locator("#use-autoregressive input[type=checkbox]").check()
         page.locator("#run").click()
         expect(page.locator("#status")).to_contain_text("Done", timeout=120_000)
-        expect(page.locator("#stats-autoregressive")).to_contain_text("12 new tokens")
+        expect(page.locator("#stats-autoregressive")).to_contain_text("12 new tokens", timeout=30_000)  # renders after
 
         # No proposer that needs draft heads when none are loaded.
         page.get_by_text("Draft model settings", exact=True).click()
