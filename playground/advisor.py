@@ -273,7 +273,7 @@ def _verify_note(verify_cost) -> str:
     if verify_cost is not theory.FALLBACK:  # measured here: the Theory tab's or the budget's curve (advise's contract)
         timed = [n for n in verify_cost.table if n <= max(verify_cost.seconds, default=0)]  # not the fit's extrapolation
         top = max(timed) if len(timed) > 1 else max(verify_cost.table)
-        where = "the budget" if "decoding steps" in verify_cost.source else "Theory tab"
+        where = "the budget" if verify_cost.origin == theory.ORIGIN_STEPS else "Theory tab"
         return (f"Measured on this device ({where}): verifying 9 tokens costs {verify_cost(9):.2f}x and "
                 f"{top} tokens {verify_cost(top):.2f}x one single-token forward, {tail}")
     found = fallback_verify_record()

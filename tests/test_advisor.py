@@ -90,12 +90,12 @@ def test_medusa_advice_lists_no_knob_that_does_nothing():
 def test_cpu_k_follows_the_verify_cost():
     """On a CPU, K is the appetite's K capped at the K that the verify cost makes fastest (the Theory
     tab's formula, theory.optimal_k), and the note says so; a flat cost (a GPU's) leaves the presets."""
-    steep = theory.VerifyCost({1: 1.0, 2: 1.5, 3: 2.0, 5: 3.0, 9: 5.0}, source="measured on this device (test)")
+    steep = theory.VerifyCost({1: 1.0, 2: 1.5, 3: 2.0, 5: 3.0, 9: 5.0}, source="measured on this device (test)", origin="forwards")
     adv = advisor.advise(advisor.Situation(70, 7, device="cpu", appetite="aggressive"), verify_cost=steep)
     k_best, _ = theory.optimal_k(advisor.ASSUMED_ALPHA["aggressive"], advisor.ASSUMED_DRAFT_COST, steep)
     assert adv.params["draft_model"] == {"k": min(8, k_best)} and k_best < 8
     assert any(f"K = {k_best} rather than the aggressive K = 8" in n for n in adv.measured_notes)
-    flat = theory.VerifyCost({1: 1.0, 64: 1.0}, source="measured on this device (test)")
+    flat = theory.VerifyCost({1: 1.0, 64: 1.0}, source="measured on this device (test)", origin="forwards")
     adv = advisor.advise(advisor.Situation(70, 7, device="cpu", appetite="aggressive"), verify_cost=flat)
     assert adv.params["draft_model"] == {"k": 8}
 
@@ -197,13 +197,13 @@ def test_cpu_notes_quote_the_measurements_file_and_name_the_machine():
     for s in (advisor.Situation(0.135, device="cpu"), advisor.Situation(7, device="cpu"),
               advisor.Situation(70, 7, device="cpu")):
         assert not any("Measured here" in n for n in advisor.advise(s).measured_notes)
-    cost = theory.VerifyCost({1: 1.0, 9: 1.5, 17: 2.0}, {1: 0.05}, source="measured on this device (cpu)")
+    cost = theory.VerifyCost({1: 1.0, 9: 1.5, 17: 2.0}, {1: 0.05}, source="measured on this device (cpu)", origin="forwards")
     notes = advisor.advise(advisor.Situation(7, device="cpu"), verify_cost=cost).measured_notes
     assert "Measured on this device" in notes[0] and "1.50x" in notes[0]
     # the budget's step-cost curve: its fit reaches 65 queries, but the note quotes only what was timed
     table = {1: 1.0, 9: 1.3, 17: 1.6, 33: 2.2, 65: 3.4}
     cost = theory.VerifyCost(table, {1: 0.04, 9: 0.052, 17: 0.064, 33: 0.088},
-                             source="decoding steps verifying a chain of q - 1 nodes, relative to plain steps")
+                             source="timed steps, relative to plain steps", origin="steps")
     notes = advisor.advise(advisor.Situation(7, device="cpu"), verify_cost=cost).measured_notes
     assert "(the budget)" in notes[0] and "33 tokens 2.20x" in notes[0] and "65 tokens" not in notes[0]
 

@@ -148,6 +148,7 @@ def test_measure_step_cost_is_relative_and_non_decreasing():
 
     cost = measure_step_cost(CausalLM(tiny_llama(0)), [1, 2, 3, 4, 5], sizes=(2, 5, 9), rounds=3)
     for curve in (cost.chain, cost.tree):
+        assert curve.origin == "steps"
         table = [curve.table[q] for q in sorted(curve.table)]
         assert table[0] == 1.0 and table[1:] == sorted(table[1:]) and set(curve.table) == {1, 2, 3, 4, 5, 8, 9, 17, 33, 65}
         assert set(curve.seconds) == {1, 2, 5, 9}

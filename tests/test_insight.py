@@ -68,7 +68,7 @@ def test_verify_cost_made_monotone():
 def test_one_outlier_cannot_lift_the_verify_cost_curve():
     """Issue 20: one noisy sample (2 tokens timed 2.58 between 1.0 and 1.25) lifted every later point to
     2.58 with a running maximum; the robust fit caps it at its neighbours and leaves the rest as timed."""
-    raw = theory.VerifyCost({1: 1.0, 2: 2.58, 3: 1.25, 5: 1.4, 9: 1.8, 17: 2.6}, source="measured on this device (t)")
+    raw = theory.VerifyCost({1: 1.0, 2: 2.58, 3: 1.25, 5: 1.4, 9: 1.8, 17: 2.6}, source="measured on this device (t)", origin="forwards")
     fit = raw.monotone()
     assert dict(fit.table) == {1: 1.0, 2: 1.25, 3: 1.25, 5: 1.4, 9: 1.8, 17: 2.6}
     spike_late = theory.VerifyCost({1: 1.0, 2: 1.1, 3: 1.2, 5: 9.0, 9: 1.6, 17: 2.2}).monotone()
@@ -121,9 +121,22 @@ def test_measure_verify_cost_on_the_default_model(real_target):
     cost = theory.measure_verify_cost(real_target, sizes=(2, 5), prefix_len=32, repeats=1)
     assert set(cost.table) == {1, 2, 5} and cost.table[1] == 1.0
     assert all(v > 0 for v in cost.table.values()) and all(s > 0 for s in cost.seconds.values())
-    assert "measured on this device" in cost.source
+    assert "measured on this device" in cost.source and cost.origin == theory.ORIGIN_FORWARDS
     again = theory.VerifyCost.from_dict(pickle.loads(pickle.dumps(cost.as_dict())))
-    assert again.table == cost.table
+    assert again.table == cost.table and again.origin == theory.ORIGIN_FORWARDS and again.measured_here
+
+
+def test_verify_cost_origin_survives_the_fit_and_plain_data():
+    """Panels tell a curve measured here (and by which timing) from the project's by ``origin``, never by
+    the words of its source: the origin is kept by the monotone fit and through plain data, the project's
+    curve has none, and an unknown origin is refused."""
+    steps = theory.VerifyCost({1: 1.0, 2: 1.3, 3: 1.2}, {1: 0.04}, source="any words", origin=theory.ORIGIN_STEPS)
+    for cost in (steps.monotone(), theory.VerifyCost.from_dict(steps.as_dict())):
+        assert cost.origin == theory.ORIGIN_STEPS and cost.measured_here
+    assert not theory.FALLBACK.measured_here and not theory.VerifyCost({1: 1.0}, source="measured on this device").measured_here
+    assert theory.VerifyCost.from_dict({"table": {1: 1.0}}).origin == ""
+    with pytest.raises(ValueError, match="origin"):
+        theory.VerifyCost({1: 1.0}, origin="guessed")
 
 
 @pytest.mark.parametrize("target_b,draft_b", [(-5, 0), (0, 0), (None, 0), (float("nan"), 0), (1e9, 0),
@@ -176,7 +189,7 @@ def test_theory_tab_shows_a_non_decreasing_verify_cost():
 
     key = "test-theory-monotone"
     insight.VERIFY_COSTS[key] = theory.VerifyCost({1: 1.0, 2: 2.58, 3: 1.25, 5: 1.8}, {1: 0.06, 2: 0.15, 3: 0.075,
-                                                  5: 0.11}, source="measured on this device (test)").as_dict()
+                                                  5: 0.11}, source="measured on this device (test)", origin="forwards").as_dict()
     try:
         _, md = theory_tab.render(0.7, 0.05, [2], [0.05], theory_tab.MEASURED, None, key)
     finally:
@@ -193,7 +206,8 @@ def test_every_panel_reads_the_engines_one_verify_cost_curve():
     from playground.ui import insight, step_inspector, theory_tab, worker
 
     curve = theory.VerifyCost({1: 1.0, 2: 1.1, 3: 1.37, 5: 1.6, 9: 2.0, 17: 3.0}, {1: 0.05},
-                              source="measured on this device (cpu, float32, probe) at 12:46:00")
+                              source="measured on this device (cpu, float32, probe) at 12:46:00",
+                              origin="forwards")
 
     class _Engine:
         def has_persistent(self, key):
@@ -229,7 +243,8 @@ def test_the_budgets_step_cost_stands_in_for_the_theory_tabs_curve():
     from playground.engine import StepCost
     from playground.ui import insight, step_inspector, worker
 
-    chain = theory.VerifyCost({1: 1.0, 2: 1.12, 5: 1.31}, {1: 0.045}, source="decoding steps verifying a chain")
+    chain = theory.VerifyCost({1: 1.0, 2: 1.12, 5: 1.31}, {1: 0.045}, source="decoding steps verifying a chain",
+                              origin="steps")
     steps = StepCost(chain, theory.VerifyCost({1: 1.0, 2: 1.2}), 48)
 
     class _Engine:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .budget import BUDGET_AUTO, BUDGET_OFF, STEP_COST_SIZES, AcceptanceEstimator, GateMemory, StepCost
-from .theory import VerifyCost, robust_monotone
+from .theory import ORIGIN_STEPS, VerifyCost, robust_monotone
 from .drafter import Drafter
 from .tree import Candidates
 
@@ -127,7 +127,7 @@ def shifted_curve(short: VerifyCost, long: VerifyCost) -> VerifyCost:
     shifted = robust_monotone([max(1e-3, short(q) + float(np.interp(q, xs, ds))) for q in sizes])
     return VerifyCost(dict(zip(sizes, shifted)), long.seconds,
                       f"{long.source}; between the sizes timed, the short context's curve shifted by their "
-                      f"difference" if long.source else "")
+                      f"difference" if long.source else "", long.origin)
 
 
 CURVE_SIZES = (2, 3, 4, 5, 8, 9, 17, 33, 65)
@@ -208,7 +208,7 @@ def _step_curves(target, prompt_ids: list[int], sizes: Sequence[int], rounds: in
         table = {1: 1.0, **dict(zip(CURVE_SIZES, fit_step_cost([(q, t / base) for q, t in points])))}
         curves[shape] = VerifyCost(table, seconds, source=f"decoding steps verifying a {shape} of q - 1 nodes "
                                                           "(lower quartiles, a monotone piecewise-linear fit), "
-                                                          "relative to plain steps")
+                                                          "relative to plain steps", origin=ORIGIN_STEPS)
     return curves["chain"], curves["tree"]
 
 

@@ -73,6 +73,13 @@ def _check_c(c: float) -> float:
 
 
 # ----- verification cost -------------------------------------------------------------------
+ORIGIN_FORWARDS = "forwards"
+"""A :class:`VerifyCost` timed on this device as target forwards over n tokens (the Theory tab's)."""
+ORIGIN_STEPS = "steps"
+"""A :class:`VerifyCost` timed on this device as real decoding steps (the per-step budget's)."""
+ORIGINS = ("", ORIGIN_FORWARDS, ORIGIN_STEPS)
+
+
 @dataclass(frozen=True)
 class VerifyCost:
     """Relative cost of one target forward over n tokens (1.0 at n = 1), from a table.
@@ -83,16 +90,25 @@ class VerifyCost:
     Attributes:
         table: tokens per forward n -> relative cost (needs n = 1 or is normalised to its smallest n).
         seconds: the measured absolute times behind the table (n -> seconds), when measured.
-        source: where the numbers come from (shown next to the chart).
+        source: where the numbers come from, in words (shown next to the chart).
+        origin: how this device measured it: :data:`ORIGIN_FORWARDS` (target forwards over n
+            random tokens, :func:`measure_verify_cost`: the Theory tab's curve),
+            :data:`ORIGIN_STEPS` (real decoding steps verifying n - 1 candidates: the per-step
+            budget's step cost, Medusa's tree calibration), or ``""`` when not measured on this
+            device (the project's record, a constant). Panels tell the curves apart by it, never
+            by the words of ``source``.
     """
 
     table: Mapping[int, float]
     seconds: Mapping[int, float] = field(default_factory=dict)
     source: str = ""
+    origin: str = ""
 
     def __post_init__(self):
         if not self.table:
             raise ValueError("a verify-cost table needs at least one entry")
+        if self.origin not in ORIGINS:
+            raise ValueError(f"verify cost origin must be one of {ORIGINS}, got {self.origin!r}")
         for n, v in self.table.items():
             if int(n) != n or n < 1 or not (v > 0):
                 raise ValueError(f"verify cost table entries must be n >= 1 -> cost > 0, got {n} -> {v}")
@@ -123,17 +139,25 @@ class VerifyCost:
         sizes = sorted(self.table)
         fitted = robust_monotone([float(self.table[n]) for n in sizes])
         return VerifyCost(dict(zip(sizes, fitted)), self.seconds,
-                          f"{self.source} (made non-decreasing in n)" if self.source else "")
+                          f"{self.source} (made non-decreasing in n)" if self.source else "", self.origin)
+
+    @property
+    def measured_here(self) -> bool:
+        """Whether this device measured the curve (:attr:`origin` set), not another machine."""
+        return bool(self.origin)
 
     def as_dict(self) -> dict:
-        """Plain data (JSON- and pickle-safe): ``{"table": {n: cost}, "seconds": {...}, "source": str}``."""
+        """Plain data (JSON- and pickle-safe): ``{"table": {n: cost}, "seconds": {...}, "source": str,
+        "origin": str}``."""
         return {"table": {int(k): float(v) for k, v in self.table.items()},
-                "seconds": {int(k): float(v) for k, v in self.seconds.items()}, "source": self.source}
+                "seconds": {int(k): float(v) for k, v in self.seconds.items()}, "source": self.source,
+                "origin": self.origin}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "VerifyCost":
         return cls({int(k): float(v) for k, v in d["table"].items()},
-                   {int(k): float(v) for k, v in (d.get("seconds") or {}).items()}, d.get("source", ""))
+                   {int(k): float(v) for k, v in (d.get("seconds") or {}).items()}, d.get("source", ""),
+                   d.get("origin", ""))
 
 
 def isotonic(values: Sequence[float]) -> list[float]:
@@ -269,7 +293,7 @@ def measure_verify_cost(target, sizes: Sequence[int] = DEFAULT_MEASURE_SIZES, *,
     dtype = str(lm.dtype).removeprefix("torch.")
     return VerifyCost({n: s / seconds[1] for n, s in seconds.items()}, seconds,
                       source=f"measured on this device ({device}, {dtype}, {name}, {prefix_len}-token cache, "
-                             f"median of {repeats}) at {time.strftime('%H:%M:%S')}")
+                             f"median of {repeats}) at {time.strftime('%H:%M:%S')}", origin=ORIGIN_FORWARDS)
 
 
 # ----- the formulas --------------------------------------------------------------------------

@@ -9,6 +9,7 @@ that the project's measurement (:func:`verify_cost_for`).
 
 from __future__ import annotations
 
+import dataclasses
 import html
 
 import gradio as gr
@@ -44,13 +45,13 @@ def verify_cost_for(engine_key: str) -> theory.VerifyCost:
     steps = getattr(engine, "persisted", lambda k: None)("step_cost")
     if steps is not None:
         chain = steps.chain
-        return theory.VerifyCost(chain.table, chain.seconds, source=f"measured on this device ({chain.source})")
+        return dataclasses.replace(chain, source=f"measured on this device ({chain.source})")
     return theory.FALLBACK
 
 
 def measured_here(cost: theory.VerifyCost) -> bool:
     """Whether ``cost`` was measured on this device (not the project's measurement or a constant)."""
-    return cost.source.startswith("measured on this device")
+    return cost.measured_here
 
 
 def verify_cost_source(cost: theory.VerifyCost) -> str:

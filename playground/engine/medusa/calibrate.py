@@ -13,7 +13,7 @@ from ..autoregressive import AutoregressiveDrafter
 from ..decoding import GenerationSettings, decode
 from ..limits import MAX_MEDUSA_TREE_NODES, MEDUSA_TOP_K
 from ..target import CausalLM
-from ..theory import VerifyCost
+from ..theory import ORIGIN_STEPS, VerifyCost
 from .drafter import MedusaDrafter
 from .trees import TreeChoice, choose_tree, greedy_tree, rank_probs_from_accuracy
 
@@ -117,7 +117,8 @@ def measure_step_cost(target: CausalLM, heads, paths: list[list[int]], prompt_id
                 active = [n for n in active if n < min(hopeless)]
     seconds = {n + 1: statistics.median(t) for n, t in times.items() if t}
     return VerifyCost({q: s / seconds[1] for q, s in seconds.items()}, seconds,
-                      source="decoding steps with each tree size, relative to plain decoding steps")
+                      source="decoding steps with each tree size, relative to plain decoding steps",
+                      origin=ORIGIN_STEPS)
 
 
 def auto_tree(target: CausalLM, heads, calibration_ids: list[int], max_nodes: int = MAX_MEDUSA_TREE_NODES,
