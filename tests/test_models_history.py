@@ -200,7 +200,7 @@ def _stats(steps: int, tokens_per_step: int, seconds: float, proposed: int = 0) 
 
 
 def summary(prompt: str = "Tell me a <b>story</b>", scale: float = 1.0) -> dict:
-    """A run summary shaped as _RunView.summary() gives it."""
+    """A run summary shaped as RunView.summary() gives it."""
     base = _stats(8, 1, 0.05 * scale)
     fast = _stats(4, 2, 0.06 * scale, proposed=3)
     return {"target": "SmolLM2", "draft": None, "dtype": "float32", "prompt": prompt,

@@ -157,3 +157,34 @@ def test_stream_says_start_before_the_first_method_reads_the_prompt():
         assert bad == [{"type": "start", "prompt_tokens": 3}, {"type": "warning", "message": "the first step refused"}]
     finally:
         del worker.ENGINES[key]
+
+
+def test_page_status_returns_to_reading_after_the_timing_and_a_late_warning_clears_the_panels(real_target):
+    """After the start event the engine times this device first (``engine.making``): the status names the
+    timing, and once it is over goes back to "Reading the prompt" without waiting for the first step; a
+    warning at the first step then ends the run with no panel still waiting for its first token."""
+    from playground.engine import Engine
+    from playground.ui import app
+    from playground.ui.app import run_arguments, run_comparison
+
+    engine = Engine(real_target)
+
+    def stream(engine_key, prompt, specs, settings):
+        yield {"type": "start", "prompt_tokens": 3}
+        engine.making = "step_cost"
+        try:
+            time.sleep(app.WAITING_STATUS_S + 1.5)
+        finally:
+            engine.making = None
+        time.sleep(1.0)  # the first step (prefill) is slow: the status must not wait for it
+        yield {"type": "warning", "message": "the first step refused"}
+
+    args = run_arguments("Hello", ["autoregressive", "prompt_lookup"], max_new_tokens=8)
+    statuses = []
+    for values in run_comparison(engine, *args, stream=stream):
+        statuses.append(html.unescape(str(values[0])))
+        final = html.unescape(" ".join(str(v) for v in values))
+    timing = next(i for i, s in enumerate(statuses) if "per-step budget" in s)
+    assert any("Reading the prompt" in s for s in statuses[timing + 1:-1]), statuses
+    assert "the first step refused" in statuses[-1]
+    assert "waiting for the first token" not in final and final.count("not run: see the status line above") == 2

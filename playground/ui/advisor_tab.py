@@ -157,7 +157,7 @@ def advise(engine, *values, summary: dict | None = None, engine_key: str | None 
     and no recommendation (so Apply has nothing stale to apply), never raises.
 
     ``values``: the tab's inputs (target size, draft size, willing to train, task, appetite, device,
-    draft loaded, Medusa loaded). ``summary``: the last Playground run (``_RunView.summary()``), whose
+    draft loaded, Medusa loaded). ``summary``: the last Playground run (``RunView.summary()``), whose
     measured draft K and speedups the advice follows when its device is this one. ``engine_key``: the
     session's engine key, under which the Theory tab caches this engine's measured verify cost (None:
     looked up from ``engine``).
@@ -288,7 +288,7 @@ def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None, mode
     Args:
         use: method -> its checkbox on the Playground tab.
         knobs: ``(method, knob name)`` -> its slider on the Playground tab.
-        last_run: the Playground's last finished run (``_RunView.summary()``); the advice follows
+        last_run: the Playground's last finished run (``RunView.summary()``); the advice follows
             what it measured (the draft panel's K, the fastest method).
         models: the Models tab's :class:`~.models_tab.ModelsPanel`: the handlers use the session's
             engine (its ``key`` state is their last input) and the inputs describing the loaded models

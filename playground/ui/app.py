@@ -19,14 +19,12 @@ import inspect
 import json
 import logging
 import time
-from types import SimpleNamespace
 from pathlib import Path
 from typing import Any, Iterator
 
 import gradio as gr
 
-from playground.engine import BASELINE, METHODS, Engine, MethodSpec, RunOutput, source_labels
-from playground.engine import GenerationSettings, check_lossless, is_lossless
+from playground.engine import METHODS, Engine, source_labels
 from playground.engine import GENERATION_KNOBS, REPETITION_PENALTY_KNOB
 
 from . import advisor_tab, bench_tab, charts, guide, history, insight, medusa_panel, models_tab, render
@@ -35,6 +33,7 @@ from .inputs import STOP_INPUT, _parse, input_names, model_settings_note, run_ar
 from .knobs import knob_input
 from .legend import legend_sources  # noqa: F401  (read as app.legend_sources)
 from .run_control import EventPump, StopSignals, reading_status, waiting_status
+from .run_view import RunView
 from .toast import warning
 
 log = logging.getLogger(__name__)
@@ -92,146 +91,20 @@ def load_examples(path: Path = EXAMPLES_PATH) -> list[dict]:
 
 
 # ----- one run ----------------------------------------------------------------------------
-class _RunView:
-    """The page's state during one run (one instance per call: nothing is shared)."""
-
-    def __init__(self, engine: Engine, specs: list[MethodSpec], settings: GenerationSettings, prompt: str = ""):
-        self.engine = engine
-        self.prompt, self.settings = prompt, worker.settings_dict(settings)  # for the run history
-        self.chosen = [s.name for s in specs]
-        self.greedy = settings.sampling.greedy
-        self.outputs = {s.name: RunOutput(s.name, s.params) for s in specs}
-        self.reasons: dict[str, str | None] = {m: None for m in self.chosen}
-        self.checks: dict[str, str] = {}  # method -> "match" / "near_tie" / "mismatch" once compared
-        self.stats: dict[str, dict] = {}
-        self.timelines: dict[str, list[tuple[float, int]]] = {}
-        self.per_step: dict[str, list[int]] = {m: [] for m in self.chosen}  # tokens emitted by each step
-        self.steps = step_inspector.RunSteps(self.chosen)  # the trees each step verified, for the inspector
-        self.status = ""
-        self.html = {m: "" for m in METHODS}
-        self.stats_md = {m: "" for m in METHODS}
-        self.badge_md = {m: "" for m in METHODS}
-        for m in self.chosen:
-            self.html[m] = render.placeholder("waiting for the first token…")
-            self.badge_md[m] = self._badge(m)
-        self.colors = {METHODS[m].label: charts.method_color(m) for m in METHODS}
-        self.refresh_figures()
-
-    def add(self, event: dict) -> None:
-        """Take one step's plain data (:func:`worker.event_dict`)."""
-        m = event["method"]
-        out = self.outputs[m]
-        if out.last is None:
-            self.html[m] = ""  # drop the placeholder; from here on the panel only grows
-        out.add(SimpleNamespace(**event))  # RunOutput reads tokens, sources, margins, pieces
-        self.html[m] += self.steps.add(event, render.token_spans(event["pieces"], source_labels()))
-        self.stats[m] = event["stats"]
-        self.timelines.setdefault(m, []).append(tuple(event["point"]))
-        if event["tokens"]:
-            self.per_step[m].append(len(event["tokens"]))
-        if event["finished"]:
-            self.reasons[m] = event["finish_reason"] or "done"
-            if not out.ids:
-                self.html[m] = render.placeholder("(no text: the model ended its answer at once)")
-        for name in self.chosen:
-            self.stats_md[name] = self._stats_line(name) if name in self.stats else ""
-            self.badge_md[name] = self._badge(name)
-
-    def _stats_line(self, m: str) -> str:
-        base = self.stats.get(BASELINE, {}).get("tokens_per_s") if BASELINE in self.chosen else None
-        line = render.stats_line(self.stats[m], baseline_tokens_per_s=base or None, is_baseline=m == BASELINE,
-                                 finish_reason=self.reasons[m])
-        if m == "medusa":  # acceptance of each head (depth d of the tree = head d)
-            line += "\n\n" + medusa_panel.head_acceptance_markdown(self.stats[m])
-        return line
-
-    def _badge(self, m: str) -> str:
-        info = METHODS[m]
-        if m == BASELINE:
-            return render.badge("info", "this is the reference output the other methods are checked against")
-        if not info.lossless:
-            return render.badge("info", "this method is not lossless by design: its output may differ")
-        if not is_lossless(m, self.outputs[m].params):  # e.g. Medusa with typical acceptance
-            return render.badge("info", "typical acceptance trades exactness for speed: the output may differ "
-                                        "from the baseline's")
-        if not self.greedy:
-            return render.badge("info", "sampling (temperature > 0): the token-for-token check applies "
-                                        "to greedy decoding only")
-        if BASELINE not in self.chosen:
-            return render.badge("info", "no baseline ran: tick Autoregressive to check this output "
-                                        "against it")
-        mine, base = self.reasons.get(m), self.reasons.get(BASELINE)
-        if mine is None or base is None:
-            return render.badge("info", "checked once this method and the baseline have both finished")
-        b, ids = self.outputs[BASELINE], self.outputs[m].ids
-        if "cancelled" in (mine, base):  # stopped: compare the tokens both have
-            n = min(len(b.ids), len(ids))
-            if n == 0:
-                return render.badge("info", "stopped before both had a token: nothing to compare")
-            check = check_lossless(b.ids[:n], b.margins[:n], ids[:n], self.engine.target.dtype)
-            kind = self.checks[m] = "match" if check.matched else "near_tie" if check.near_tie else "mismatch"
-            text = f"stopped: its first {render.plural(n, 'token')} match the baseline's" if check.matched \
-                else f"stopped: {check.message()}"
-            return render.badge(kind, text)
-        check = check_lossless(b.ids, b.margins, ids, self.engine.target.dtype)
-        kind = self.checks[m] = "match" if check.matched else "near_tie" if check.near_tie else "mismatch"
-        return render.badge(kind, check.message())
-
-    def stop(self) -> str:
-        """Mark every unfinished method as stopped; returns the status text ("Stopped after N tokens
-        of the baseline", or the most any method produced when the baseline did not run)."""
-        for m in self.chosen:
-            if self.reasons[m] is None:
-                self.reasons[m] = "cancelled"
-                if self.outputs[m].last is None:
-                    self.html[m] = render.placeholder("stopped before the first token")
-        for m in self.chosen:
-            self.stats_md[m] = self._stats_line(m) if m in self.stats else ""
-            self.badge_md[m] = self._badge(m)
-        if BASELINE in self.chosen:
-            n, whose = len(self.outputs[BASELINE].ids), " of the baseline"
-        else:
-            n, whose = max((len(self.outputs[m].ids) for m in self.chosen), default=0), ""
-        return f"Stopped after {render.plural(n, 'token')}{whose}; each panel shows how far its method got."
-
-    def refresh_figures(self) -> None:
-        """Rebuild the charts from the statistics so far."""
-        timeline = {METHODS[m].label: list(self.timelines.get(m, [])) for m in self.chosen}
-        speed = {METHODS[m].label: self.stats.get(m, {}).get("tokens_per_s", 0.0) for m in self.chosen}
-        self.chart = charts.timeline_figure(timeline, self.colors)
-        self.bars = charts.speed_figure(speed, self.colors)
-
-    def summary(self) -> dict:
-        """The run as plain data for the insight charts, Theory and History tabs: ``{"target", "draft", "dtype",
-        "prompt", "settings" (worker.settings_dict), "baseline_tokens_per_s", "methods": {method: {"label", "params",
-        "stats" (RunStats.as_dict), "tokens_per_step", "output_ids", "output_text", "margins", "finish_reason", "lossless"}}, "greedy"}``."""
-        base = self.stats.get(BASELINE, {}).get("tokens_per_s") if BASELINE in self.chosen else None
-        draft = getattr(self.engine, "draft", None)
-        return {"target": self.engine.target.name, "draft": draft.name if draft is not None else None,
-                "dtype": str(self.engine.target.dtype).removeprefix("torch."), "prompt": self.prompt,
-                "settings": self.settings, "baseline_tokens_per_s": base or None, "greedy": self.greedy,
-                "methods": {m: {"label": METHODS[m].label, "params": self.outputs[m].params,
-                                "stats": self.stats.get(m, {}), "tokens_per_step": list(self.per_step[m]),
-                                "output_ids": list(self.outputs[m].ids), "output_text": self.outputs[m].text,
-                                "margins": list(self.outputs[m].margins), "finish_reason": self.reasons[m],
-                                "lossless": self.checks.get(m)}
-                            for m in self.chosen}}
-
-    def values(self, final: bool = False) -> tuple:
-        """Every output value, in the order of the handler's outputs (the last-run state only when ``final``).
-
-        Whole values each time: Gradio sends only the difference from the previous update
-        (an append for a growing panel, nothing for an unchanged one).
-        """
-        out: list = [self.status]
-        for m in METHODS:
-            out += [self.html[m], self.stats_md[m], self.badge_md[m]]
-        return tuple(out + [self.chart, self.bars, self.steps, self.summary() if final else gr.skip()])
-
 
 def _message_only(text: str) -> tuple:
     """Output values that change the status line only."""
     return (text,) + (gr.skip(),) * (3 * len(METHODS) + 4)
+
+
+def _ended(view: RunView | None, status: str) -> tuple:
+    """Output values of a run that ended on a warning or an error: the status line, and when the
+    panels were already shown (``view.shown``), no panel left saying it waits for its first token."""
+    if view is None or not view.shown:
+        return _message_only(status)
+    view.status = status
+    view.abandon()
+    return view.values()
 
 
 def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[tuple]:
@@ -258,7 +131,7 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
         Bad input yields one status message (and a warning toast) and ends; it never raises.
     """
     stream = stream or worker.RUN
-    events = None
+    events = view = None
     try:
         try:
             prompt, specs, settings = _parse(values)
@@ -266,31 +139,35 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
             warning(str(e))
             yield _message_only(render.status_html("warning", str(e)))
             return
-        view = _RunView(engine, specs, settings, prompt)
+        view = RunView(engine, specs, settings, prompt)
         labels = ", ".join(METHODS[s.name].label for s in specs)
         start = last = last_chart = time.perf_counter()
         # Pulled in a helper thread, so Stop answers at once even inside a long engine call.
         events = EventPump(stream(worker.register(engine), prompt, worker.spec_dicts(specs),
                                   worker.settings_dict(settings)), stop)
-        stopped, prompt_tokens = False, 0
+        stopped, prompt_tokens, preparing = False, 0, False
         for event in events:
             if event is None:  # nothing yet: say what the engine is doing before the first step
                 waited = time.perf_counter() - start
                 waiting = not prompt_tokens or (engine.making and all(view.outputs[m].last is None for m in view.chosen))
                 if waiting and waited >= WAITING_STATUS_S and time.perf_counter() - last >= 1.0:
                     yield _message_only(render.status_html("running", waiting_status(engine.making, waited)))
-                    last = time.perf_counter()
+                    last, preparing = time.perf_counter(), True
+                elif preparing and not waiting:  # the one-time timing is over: back to "Reading the prompt"
+                    yield _message_only(view.status)
+                    preparing = False
                 continue
             if stop is not None and stop.is_set():
                 stopped = True
                 break
             if event["type"] == "warning":  # the engine's checks before the first step
                 warning(event["message"])
-                yield _message_only(render.status_html("warning", event["message"]))
+                yield _ended(view, render.status_html("warning", event["message"]))
                 return
             if event["type"] == "start":
                 prompt_tokens = event["prompt_tokens"]
                 view.status = render.status_html("running", reading_status(view, prompt_tokens, labels))
+                view.shown = True
                 yield view.values()
                 start = last = last_chart = time.perf_counter()
                 continue
@@ -318,11 +195,11 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
         yield view.values(final=True)
     except ValueError as e:  # the engine's checks before the first step
         warning(str(e))
-        yield _message_only(render.status_html("warning", str(e)))
+        yield _ended(view, render.status_html("warning", str(e)))
     except Exception as e:  # never let a run take the server down
         log.exception("run failed")
         warning(f"Unexpected error: {type(e).__name__}: {e}")
-        yield _message_only(render.status_html(
+        yield _ended(view, render.status_html(
             "error", f"Unexpected error: {type(e).__name__}: {e}. The server is still running: "
                      "try again or change the settings."))
     finally:
@@ -348,7 +225,7 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
 
     with gr.Blocks(title=TITLE) as demo:
         header = gr.Markdown(models_tab.header(engine, TITLE), elem_id="header")
-        last_run = gr.State(None)  # plain data of the last finished run (see _RunView.summary)
+        last_run = gr.State(None)  # plain data of the last finished run (see RunView.summary)
         run_steps = gr.State(None)  # the last run's step_inspector.RunSteps (filled while it streams)
         engine_key = worker.register(engine)
         models = models_tab.ModelsPanel(engine, lock_models, models_dir, TITLE)  # the session's models (key)

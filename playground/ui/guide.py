@@ -2,8 +2,8 @@
 line shown when a run ends.
 
 Both are plain strings built from plain data: :func:`reading_guide_html` from the token sources
-the legend lists, :func:`run_verdict` from a finished run's summary (``_RunView.summary()`` in
-:mod:`.app`). Nothing here imports gradio or runs a model.
+the legend lists, :func:`run_verdict` from a finished run's summary (``RunView.summary()`` in
+:mod:`.run_view`). Nothing here imports gradio or runs a model.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def run_verdict(summary: Mapping | None) -> str:
     all outputs identical to the baseline."``
 
     Args:
-        summary: ``_RunView.summary()``: ``{"baseline_tokens_per_s", "greedy", "methods": {method:
+        summary: ``RunView.summary()``: ``{"baseline_tokens_per_s", "greedy", "methods": {method:
             {"label", "params", "stats", "lossless", "finish_reason"}}}``.
 
     Returns:

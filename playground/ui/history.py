@@ -1,7 +1,7 @@
 """The History tab: this browser tab's last runs, two of them side by side, and a run's records to download.
 
-Each finished Playground run leaves its plain-data summary (``_RunView.summary()`` in
-:mod:`.app`) in the page's ``last_run`` state; :meth:`HistoryPanel.follow` adds it to a per-session
+Each finished Playground run leaves its plain-data summary (``RunView.summary()`` in
+:mod:`.run_view`) in the page's ``last_run`` state; :meth:`HistoryPanel.follow` adds it to a per-session
 ``gr.State`` list (at most :data:`MAX_RUNS`, newest last). Nothing is kept on the server.
 
 A run downloads as the benchmark's records (:mod:`playground.bench.records`): one record per

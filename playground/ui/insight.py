@@ -1,6 +1,6 @@
 """Insight views of the main tab: per-run charts, the draft-model panel's numbers, Lookahead's pass size.
 
-Everything here reads a finished run's plain data (``_RunView.summary()`` in :mod:`.app`) and the
+Everything here reads a finished run's plain data (``RunView.summary()`` in :mod:`.run_view`) and the
 formulas of :mod:`playground.engine.theory`; it runs no model. The verify-cost table measured
 by the Theory tab is cached here, per engine, so the draft panel's suggested K uses it once it
 exists; before that, the chain curve of the per-step budget's step timing on this device, and before
