@@ -481,7 +481,8 @@ def test_held_out_leaves_out_answers_the_training_records_have():
 def test_trainer_command_fine_tunes_a_given_head(tmp_path, monkeypatch):
     """``python -m playground.training.eagle --init HEAD``: a second run starts from the saved head (its
     draft vocabulary, feature layers and weights: at a learning rate of 1e-12 the weights it saves are
-    the ones it started from), records ``init`` in the recipe, and refuses a head that does not exist."""
+    the ones it started from), records ``init`` and that head's own recipe in the recipe, and refuses a head
+    that does not exist."""
     from dataclasses import dataclass
 
     from helpers import FakeLoaded
@@ -513,7 +514,8 @@ def test_trainer_command_fine_tunes_a_given_head(tmp_path, monkeypatch):
     assert torch.equal(a.draft_ids, b.draft_ids) and a.feature_layers == b.feature_layers == (0, 1, 2)
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
-    assert json.loads((again / "recipe.json").read_text())["init"] == str(first)
+    recipe = json.loads((again / "recipe.json").read_text())
+    assert recipe["init"] == str(first) and recipe["init_recipe"] == json.loads((first / "recipe.json").read_text())
     assert train_eagle.main(common + ["--out", str(tmp_path / "x"), "--init", str(tmp_path / "missing")]) == 2
     # A head trained for another target (another hidden size) is refused with a message, not a traceback.
     other = tiny_llama(62, num_layers=3, hidden_size=48)

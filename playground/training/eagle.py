@@ -29,7 +29,8 @@ Recipe (Li et al. 2025, EAGLE-3; the reference implementation's ``traineagle3``)
 
 Resume: the trainer state is saved every ``--save-every`` steps in ``--state`` and resumed from there.
 Fine-tune: ``--init HEAD`` starts from a saved head (its weights, draft vocabulary, feature layers and
-MLP width) instead of the warm start above, e.g. the shipped head on newly generated rounds.
+MLP width) instead of the warm start above, e.g. the shipped head on newly generated rounds; the new
+``recipe.json`` keeps the fine-tuned head's own recipe under ``init_recipe``.
 """
 
 from __future__ import annotations
@@ -484,9 +485,19 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, {device}",
         "torch": torch.__version__,
     }
+    if init is not None:  # the chain of recipes that made the head: the one fine-tuned, and how it was made
+        recipe["init_recipe"] = _read_recipe(args.init)
     save_eagle(head.cpu(), args.out, recipe=recipe)
     print(f"[eagle] saved {args.out} ({(args.out / 'model.safetensors').stat().st_size / 1e6:.1f} MB)")
     return 0
+
+
+def _read_recipe(head: str) -> dict | None:
+    """The ``recipe.json`` beside a head folder's weights (None for a hub id or a head without one)."""
+    try:
+        return json.loads((Path(head) / "recipe.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 if __name__ == "__main__":
