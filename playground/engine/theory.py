@@ -97,6 +97,9 @@ class VerifyCost:
             budget's step cost, Medusa's tree calibration), or ``""`` when not measured on this
             device (the project's record, a constant). Panels tell the curves apart by it, never
             by the words of ``source``.
+
+    Raises:
+        ValueError: an empty table, an entry that is not n >= 1 -> cost > 0, or an unknown origin.
     """
 
     table: Mapping[int, float]
