@@ -486,18 +486,10 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
     }
     if init is not None:  # the chain of recipes that made the head: the one fine-tuned, and how it was made
-        recipe["init_recipe"] = _read_recipe(args.init)
+        recipe["init_recipe"] = getattr(init, "recipe", None) or None  # load_eagle read it (folder or hub)
     save_eagle(head.cpu(), args.out, recipe=recipe)
     print(f"[eagle] saved {args.out} ({(args.out / 'model.safetensors').stat().st_size / 1e6:.1f} MB)")
     return 0
-
-
-def _read_recipe(head: str) -> dict | None:
-    """The ``recipe.json`` beside a head folder's weights (None for a hub id or a head without one)."""
-    try:
-        return json.loads((Path(head) / "recipe.json").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 if __name__ == "__main__":
