@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from helpers import (chi_square_gof, clear_greedy_baseline, count_samples, exact_first_three, run_events,
+from helpers import (chi_square_gof, clear_greedy_baseline, exact_first_three, run_events,
                      sample_first_three, tiny_llama)
 from playground.engine import check_lossless
 from playground.engine.decoding import GenerationSettings

@@ -14,7 +14,7 @@ from playground.engine import source_labels
 from playground.engine import DecodeState, StepResult
 from playground.engine import SOURCE_LOOKAHEAD, SOURCE_TARGET
 from playground.engine import LOOKAHEAD_PRESETS
-from playground.engine.lookahead import LookaheadDrafter, NgramPool, candidate_tree, lookahead_attention
+from playground.engine.lookahead import LookaheadDrafter, NgramPool, candidate_tree
 from playground.engine import SamplingConfig
 from playground.engine.target import CausalLM
 from playground.engine import Candidates

@@ -42,7 +42,6 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from playground.engine import TOKEN_MAP_FILE, TokenMap

@@ -110,7 +110,6 @@ def cache_features(teacher: Teacher, records: list[dict], cache_dir: Path, batch
         idx = sorted(by_chunk[c], key=lambda i: len(records[i]["input_ids"]))
         tensors, start = {}, 0
         while start < len(idx):
-            L = len(records[idx[start]]["input_ids"])
             end = start + 1
             while end < len(idx) and (end - start + 1) * len(records[idx[end]]["input_ids"]) <= batch_tokens:
                 end += 1
