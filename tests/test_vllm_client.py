@@ -94,6 +94,8 @@ def test_align_steps_cases():
     # A step accepting 2 drafts must sit inside one event unless it is the last: here it cannot.
     steps, exact = C.align_steps([1, 1, 1, 1], C.SpecDecodeMetrics(2, 6, 2, 3, (1, 0, 1, 0), (2, 0), (3, 3)))
     assert not exact and steps == [C.Step(1)] * 4
+    assert C.Step(3, 3, 2).sources("eagle_d{d}") == ["eagle_d1", "eagle_d2", "target"]  # EAGLE's depths
+    assert C.Step(3, 3, 2).sources("draft") == ["draft", "draft", "target"]
 
 
 def test_records_match_the_engine_fields():
@@ -166,6 +168,32 @@ def test_speculative_configs():
         M.speculative_config("draft_model", {"confidence": 0.5}, "/d")
     with pytest.raises(ValueError, match=r"k must be in \[1, 16\]"):
         M.speculative_config("draft_model", {"k": 0}, "/d")
+    assert M.speculative_config("eagle", {"depth": 3, "budget": "auto"}, eagle_head="/h") == \
+        {"method": "eagle3", "model": "/h", "num_speculative_tokens": 3}
+    assert M.speculative_config("eagle", None, eagle_head="/h")["num_speculative_tokens"] == 4  # the engine's depth
+    with pytest.raises(ValueError, match="a chain of depth tokens .* top_k cannot be set"):
+        M.speculative_config("eagle", {"top_k": 2}, eagle_head="/h")
+    with pytest.raises(ValueError, match=r"depth must be in \[1, 10\]"):
+        M.speculative_config("eagle", {"depth": 11}, eagle_head="/h")
+    with pytest.raises(ValueError, match="needs an EAGLE-3 head"):
+        M.speculative_config("eagle")
+
+
+def test_eagle_serves_the_shipped_head_with_the_default_target_only():
+    """The default target gets the shipped head (a folder vLLM loads as eagle3); another target has
+    none unless one is named, so the vLLM tab does not offer eagle there."""
+    from playground.engine import DEFAULT_EAGLE_DIR
+    from playground.ui.vllm_panel import VLLMSession
+
+    assert M.missing_model("eagle") is None and M.missing_model("eagle", "default", eagle="none")
+    assert "no EAGLE-3 head" in M.missing_model("eagle", "/some/target")
+    assert M.missing_model("eagle", "/some/target", eagle="/my/head") is None
+    config = M.speculative_config("eagle", None, eagle_head=str(DEFAULT_EAGLE_DIR))
+    assert config["model"] == str(DEFAULT_EAGLE_DIR) and (DEFAULT_EAGLE_DIR / "config.json").is_file()
+    assert "eagle" in VLLMSession().methods()
+    assert "eagle" not in VLLMSession(eagle="none").methods()
+    assert "eagle" not in VLLMSession("/some/target").methods() and "draft_model" not in VLLMSession("/some/target").methods()
+    assert M.SOURCES["eagle"].format(d=2) == "eagle_d2"
 
 
 def test_server_command_line():

@@ -2,9 +2,11 @@
 
 Needs ``.venv-vllm`` (``scripts/setup.sh --vllm``); without it every test here skips, unless
 ``PLAYGROUND_REQUIRE_VLLM=1`` is set (CI sets it after installing vLLM), which turns the skip
-into a failure. Three servers start once for the module (baseline, ``ngram`` for prompt lookup,
-``draft_model`` with the full-vocabulary export of the shipped draft): about 1.5 to 2 minutes on
-a 2-core CPU, then a few seconds per test. Outputs are compared token for token with vLLM's own
+into a failure. Four servers start once for the module (baseline, ``ngram`` for prompt lookup,
+``draft_model`` with the full-vocabulary export of the shipped draft, ``eagle3`` with the shipped
+EAGLE head as it is: vLLM builds that draft from the head's ``config.json`` and loads its
+``model.safetensors`` through its own EAGLE-3 loader, so a wrong tensor name, shape or config field
+fails here): about 2 to 3 minutes on a 2-core CPU, then a few seconds per test. Outputs are compared token for token with vLLM's own
 baseline; a difference at a position where the baseline's top-2 logits are within the float32
 near-tie margin is classified as a near-tie, as the built-in engine's lossless check does.
 """
@@ -25,7 +27,7 @@ pytestmark = pytest.mark.vllm
 PROMPTS = ("Write a short story about a robot learning to paint.",
            "Repeat this list twice: apple, banana, cherry, date, elderberry, fig, grape.")
 NEW_TOKENS = 48
-METHODS = ("autoregressive", "prompt_lookup", "draft_model")
+METHODS = ("autoregressive", "prompt_lookup", "draft_model", "eagle")
 
 
 from helpers import require_vllm as _require_vllm  # noqa: E402
@@ -51,9 +53,10 @@ def prompts(servers):
 
 
 def test_greedy_outputs_equal_vllms_baseline_and_report_acceptance(servers, prompts):
-    """Property: with greedy decoding, prompt lookup (ngram) and the exported draft (draft_model)
-    give vLLM's baseline output token for token (or differ first at a float32 near-tie); the
-    acceptance figures are read back per request and agree with the server's /metrics counters."""
+    """Property: with greedy decoding, prompt lookup (ngram), the exported draft (draft_model) and
+    the shipped EAGLE head (eagle3) give vLLM's baseline output token for token (or differ first at a
+    float32 near-tie); the acceptance figures are read back per request and agree with the server's
+    /metrics counters; EAGLE's accepted tokens carry their draft depth."""
     try:
         from playground.engine import check_lossless
     except ImportError:  # before the engine's public API (playground.engine) has it
@@ -63,6 +66,7 @@ def test_greedy_outputs_equal_vllms_baseline_and_report_acceptance(servers, prom
     eos = builder.target.eos_token_ids
     before = {m: C.spec_decode_totals(C.read_metrics(servers.endpoints[m].url)) for m in METHODS[1:]}
     totals = {m: {"proposed": 0, "accepted": 0, "steps_with_draft": 0} for m in METHODS[1:]}
+    last = {}  # method -> its record of the last prompt
     for ids in ids_list:
         base = R.run_to_end(servers.endpoints["autoregressive"], "autoregressive", ids, R.Sampling(NEW_TOKENS), eos)
         assert base["steps"] == base["new_tokens"] and base["proposed"] == 0
@@ -73,6 +77,7 @@ def test_greedy_outputs_equal_vllms_baseline_and_report_acceptance(servers, prom
             assert r["alignment"] == "exact"
             assert r["steps"] <= r["new_tokens"] and r["proposed"] > 0
             assert r["mean_accepted_tokens"] == pytest.approx(r["new_tokens"] / r["steps"])
+            last[m] = r
             totals[m]["proposed"] += r["proposed"]
             totals[m]["accepted"] += r["accepted"]
             totals[m]["steps_with_draft"] += r["proposed_at"][0] if r["proposed_at"] else 0
@@ -82,6 +87,13 @@ def test_greedy_outputs_equal_vllms_baseline_and_report_acceptance(servers, prom
         assert after["num_accepted_tokens"] - before[m]["num_accepted_tokens"] == totals[m]["accepted"]
         assert after["num_drafts"] - before[m]["num_drafts"] == totals[m]["steps_with_draft"]
     assert totals["draft_model"]["accepted"] > 0  # the exported draft's proposals get accepted
+    assert totals["eagle"]["accepted"] > 0  # and the EAGLE head's
+    # The panel's view: accepted drafts tagged by depth, as the built-in engine's EAGLE panel colours them.
+    end = list(R.run_completion(servers.endpoints["eagle"], "eagle", ids_list[-1], R.Sampling(NEW_TOKENS), eos))[-1]
+    assert end.done and end.stats["output_ids"] == last["eagle"]["output_ids"]
+    assert len(end.sources) == len(end.stats["output_ids"])
+    assert set(end.sources) <= {"target", *(f"eagle_d{d}" for d in range(1, 5))}
+    assert end.sources.count("eagle_d1") == end.stats["accepted_at"][0] > 0
 
 
 def test_closing_the_stream_cancels_the_request(servers, prompts):

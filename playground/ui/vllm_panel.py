@@ -41,10 +41,14 @@ class VLLMSession:
     Args:
         target: the playground target spec the servers run.
         attached: ``{method: url}`` from ``--vllm-url``.
+        draft: the draft for draft_model (``--draft``; None: the shipped one with the default target).
+        eagle: the EAGLE-3 head for eagle (``--eagle``; None: the shipped one with the default target).
     """
 
     target: str = "default"
     attached: dict = field(default_factory=dict)
+    draft: str | None = None
+    eagle: str | None = None
     pool: ServerPool | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     warmed: set = field(default_factory=set)
@@ -58,11 +62,13 @@ class VLLMSession:
         """
         if not (getattr(args, "vllm", False) or getattr(args, "vllm_url", None)):
             return None
-        return cls(getattr(args, "target", "default"), parse_vllm_urls(args.vllm_url))
+        return cls(getattr(args, "target", "default"), parse_vllm_urls(args.vllm_url),
+                   getattr(args, "draft", None), getattr(args, "eagle", None))
 
     def methods(self) -> list[str]:
-        """Methods the tab offers: the supported ones and any attached."""
-        return list(dict.fromkeys(list(vm.SUPPORTED) + list(self.attached)))
+        """Methods the tab offers: the supported ones whose draft or head this target has, and any attached."""
+        served = [m for m in vm.SUPPORTED if vm.missing_model(m, self.target, self.draft, self.eagle) is None]
+        return list(dict.fromkeys(served + list(self.attached)))
 
     def start(self, methods: list[str], progress=None) -> dict:
         """Start (once) the servers of ``methods`` that are not attached; returns the endpoints.
@@ -73,7 +79,8 @@ class VLLMSession:
         with self.lock:
             if self.pool is None:
                 local = [m for m in methods if m not in self.attached]
-                self.pool = ServerPool(vm.server_configs(local, target=self.target) if local else [], self.attached,
+                self.pool = ServerPool(vm.server_configs(local, target=self.target, draft=self.draft, eagle=self.eagle)
+                                       if local else [], self.attached,
                                        progress=progress)
                 try:
                     self.pool.start()

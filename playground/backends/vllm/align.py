@@ -81,9 +81,11 @@ class Step:
     accepted: int = 0
 
     def sources(self, draft_source: str, target_source: str = "target") -> list[str]:
-        """The source of each emitted token: accepted drafts first, then the target's token."""
+        """The source of each emitted token: accepted drafts first, then the target's token.
+        ``draft_source`` may hold ``{d}``, replaced by each draft's depth in the step (1, 2, ...):
+        ``eagle_d{d}`` gives EAGLE's per-depth tags."""
         drafted = min(self.accepted, self.emitted)
-        return [draft_source] * drafted + [target_source] * (self.emitted - drafted)
+        return [draft_source.format(d=i + 1) for i in range(drafted)] + [target_source] * (self.emitted - drafted)
 
 
 def align_steps(chunk_sizes: list[int], spec: SpecDecodeMetrics | None) -> tuple[list[Step], bool]:

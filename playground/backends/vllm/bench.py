@@ -129,7 +129,7 @@ def run(args: argparse.Namespace, methods: list[str], params: dict[str, dict], s
     local = [m for m in methods if m not in attached]
     try:
         configs = M.server_configs(local, params, args.target, getattr(args, "draft", None), dtype,
-                                   args.vllm_max_model_len) if local else []
+                                   args.vllm_max_model_len, eagle=getattr(args, "eagle", None)) if local else []
         folder = M.default_target_folder(args.target)
     except ValueError as e:
         raise B.BenchError(str(e)) from None

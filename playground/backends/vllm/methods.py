@@ -12,6 +12,10 @@ method              vLLM ``speculative_config``
 ``draft_model``     ``{"method": "draft_model", "model": EXPORT, "num_speculative_tokens": K}``:
                     EXPORT is the draft with the target's full vocabulary (:mod:`.export_draft`),
                     K = ``k`` (the shipped draft's ``draft_knobs.json`` sets 2)
+``eagle``           ``{"method": "eagle3", "model": HEAD, "num_speculative_tokens": D}``: HEAD is the
+                    EAGLE-3 head the playground trains and ships (already in vLLM's ``eagle3``
+                    layout), D = ``depth``. vLLM 0.32 drafts a chain (one token a level), not the
+                    engine's EAGLE-2 dynamic tree, so ``top_k`` and ``total_tokens`` cannot be set
 ==================  ==============================================================================
 
 Not served, with the reason shown wherever a user could pick them (:data:`UNSUPPORTED`).
@@ -23,7 +27,7 @@ from pathlib import Path
 
 from .server import ServerConfig
 
-SUPPORTED = ("autoregressive", "prompt_lookup", "draft_model")
+SUPPORTED = ("autoregressive", "prompt_lookup", "draft_model", "eagle")
 """Methods the vLLM backend can serve."""
 
 UNSUPPORTED = {
@@ -31,12 +35,13 @@ UNSUPPORTED = {
     "medusa": "vLLM's medusa method loads heads in its own format (a MedusaModel checkpoint with a "
               "'medusa_config'), not the reference implementation's that the playground trains",
     "suffix": "vLLM's suffix decoding needs the arctic-inference package, which has no CPU build",
-    "eagle": "no EAGLE head is shipped for the default target yet",
 }
 """Method -> why the vLLM backend does not serve it."""
 
-SOURCES = {"autoregressive": "target", "prompt_lookup": "prompt_lookup", "draft_model": "draft"}
-"""Source tag of an accepted draft token per method (the built-in engine's tags)."""
+SOURCES = {"autoregressive": "target", "prompt_lookup": "prompt_lookup", "draft_model": "draft",
+           "eagle": "eagle_d{d}"}
+"""Source tag of an accepted draft token per method (the built-in engine's tags; ``{d}``: the token's
+draft depth in its step, 1 for the first drafted token)."""
 
 
 def unsupported_reason(method: str) -> str | None:
@@ -61,10 +66,15 @@ def knob_defaults(method: str, draft_dir: str | Path | None = None) -> dict:
         values = {"k": int(K_KNOB.default)}
         values.update({k: v for k, v in load_knob_defaults(draft_dir or DEFAULT_DRAFT_DIR).items() if k == "k"})
         return values
+    if method == "eagle":
+        from playground.engine import EAGLE_KNOBS
+
+        return {"depth": int(EAGLE_KNOBS[0].default)}
     return {}
 
 
-def speculative_config(method: str, params: dict | None = None, draft_model: str | None = None) -> dict | None:
+def speculative_config(method: str, params: dict | None = None, draft_model: str | None = None,
+                       eagle_head: str | None = None) -> dict | None:
     """vLLM's ``speculative_config`` for a method (None for the baseline).
 
     Args:
@@ -72,9 +82,11 @@ def speculative_config(method: str, params: dict | None = None, draft_model: str
         params: the method's knobs (missing ones take :func:`knob_defaults`); knobs vLLM has no
             equivalent of (draft_model's ``confidence``) must be absent or 0.
         draft_model: for draft_model, the full-vocabulary draft folder (or hub id) vLLM loads.
+        eagle_head: for eagle, the EAGLE-3 head folder (or hub id) vLLM loads as its ``eagle3`` draft.
 
     Raises:
-        ValueError: an unsupported method, a knob out of range, or a knob vLLM cannot honour.
+        ValueError: an unsupported method, a knob out of range, a knob vLLM cannot honour, or
+            draft_model / eagle without its draft or head.
     """
     reason = unsupported_reason(method)
     if reason:
@@ -88,6 +100,17 @@ def speculative_config(method: str, params: dict | None = None, draft_model: str
         return {"method": "ngram", "num_speculative_tokens": int(PROMPT_LOOKUP_TOKENS_KNOB.check(p["num_pred_tokens"])),
                 "prompt_lookup_max": int(PROMPT_LOOKUP_NGRAM_KNOB.check(p["max_ngram_size"])),
                 "prompt_lookup_min": 1}
+    if method == "eagle":
+        from playground.engine import EAGLE_KNOBS
+
+        tree = sorted(k for k in ("top_k", "total_tokens") if k in (params or {}))
+        if tree:
+            raise ValueError(f"eagle on vLLM drafts a chain of depth tokens (vLLM has no EAGLE tree): "
+                             f"{' and '.join(tree)} cannot be set, only depth")
+        if not eagle_head:
+            raise ValueError("eagle on vLLM needs an EAGLE-3 head for the target (eagle_head=...; --eagle PATH_OR_HUB_ID)")
+        return {"method": "eagle3", "model": str(eagle_head),
+                "num_speculative_tokens": int(EAGLE_KNOBS[0].check(p["depth"]))}
     if p.get("confidence"):
         raise ValueError(f"draft_model on vLLM drafts a fixed K tokens: confidence must be 0, got {p['confidence']}")
     if p.get("proposer", "model") != "model":
@@ -95,6 +118,24 @@ def speculative_config(method: str, params: dict | None = None, draft_model: str
     if not draft_model:
         raise ValueError("draft_model on vLLM needs a draft with the target's vocabulary (draft_model=...)")
     return {"method": "draft_model", "model": str(draft_model), "num_speculative_tokens": int(K_KNOB.check(p["k"]))}
+
+
+def missing_model(method: str, target: str = "default", draft: str | None = None,
+                  eagle: str | None = None) -> str | None:
+    """What ``method`` lacks to be served for ``target`` (None: nothing): draft_model needs a draft
+    (``draft``, else the shipped one with the default target), eagle an EAGLE-3 head (``eagle``, else
+    the shipped one with the default target); ``"none"`` means none."""
+    if method == "draft_model":
+        from playground.engine import default_draft_spec
+
+        if not default_draft_spec(target, draft):
+            return "no draft model for this target (--draft MODEL)"
+    if method == "eagle":
+        from playground.engine import eagle_spec
+
+        if not eagle_spec(target, eagle):
+            return "no EAGLE-3 head for this target (--eagle PATH_OR_HUB_ID)"
+    return None
 
 
 def params_for(method: str, params: dict | None = None) -> dict:
@@ -117,7 +158,7 @@ def default_target_folder(target: str = "default") -> str:
 
 def server_configs(methods: list[str], params: dict[str, dict] | None = None, target: str = "default",
                    draft: str | None = None, dtype: str = "float32", max_model_len: int = 2048,
-                   extra_args: tuple[str, ...] = ()) -> list[ServerConfig]:
+                   extra_args: tuple[str, ...] = (), eagle: str | None = None) -> list[ServerConfig]:
     """One :class:`ServerConfig` per method.
 
     Args:
@@ -128,15 +169,22 @@ def server_configs(methods: list[str], params: dict[str, dict] | None = None, ta
             (exported on the fly with :func:`.export_draft.export_full_vocab`); default: the
             shipped draft with the default target.
         dtype, max_model_len, extra_args: passed to every server.
+        eagle: the EAGLE-3 head for eagle: a folder or hub id (``"none"``: none); default: the
+            shipped head with the default target.
 
     Raises:
-        ValueError: an unsupported method or knob, or draft_model without a draft.
+        ValueError: an unsupported method or knob, draft_model without a draft, or eagle without a head.
     """
     model = default_target_folder(target)
     draft_folder = None
     if "draft_model" in methods:
         draft_folder = vllm_draft_folder(target, draft)
-    return [ServerConfig(m, model, speculative_config(m, (params or {}).get(m), draft_folder), dtype,
+    head = None
+    if "eagle" in methods:
+        from playground.engine import eagle_spec
+
+        head = eagle_spec(target, eagle)
+    return [ServerConfig(m, model, speculative_config(m, (params or {}).get(m), draft_folder, head), dtype,
                          max_model_len, extra_args=tuple(extra_args)) for m in methods]
 
 
