@@ -1,10 +1,12 @@
 """The method advisor: which method and settings suit a situation, and why.
 
 The advisor (:func:`advise`) turns a :class:`Situation` into an :class:`Advice`: the methods to
-tick, their knob values and the reasons. Its rules are data (:data:`RULES`): each rule has an
-id, the guidance it encodes and where the guidance comes from; every reason the advisor gives
-names the rule it follows. Where the project's own measurements disagree with a rule, the advice
-says so in ``measured_notes``, naming the machine. Those figures are read from
+tick, their knob values, the reasons and whether the first choice deploys on vLLM. Its rules are
+data (:data:`RULES`, from :mod:`playground.advisor_rules`): each rule has an id, the guidance it
+encodes and where the guidance comes from; every reason the advisor gives names the rule it
+follows. The deployment line asks the vLLM backend what it serves (:mod:`playground.advisor_deploy`).
+Where the project's own measurements disagree with a rule, the advice says so in ``measured_notes``,
+naming the machine. Those figures are read from
 ``assets/measurements.json`` (:mod:`playground.measure`, which reruns them), never written here:
 per-method Spec-Bench speedups by CPU instruction set, and the verify cost (this device's when
 the page has measured it (Theory tab or the budget's timing), else the file's, ``theory.FALLBACK``).
@@ -24,80 +26,12 @@ from playground.engine import AUTO_TREE, METHODS
 from playground.advisor_figures import MEASURED, DraftMeasurement, measure_draft, measured_speedups  # noqa: F401
 from playground.advisor_figures import describe_figure as _describe, fallback_verify_record, figure as _fig
 from playground.advisor_figures import fastest_measured
+from playground.advisor_deploy import deployment
+from playground.advisor_rules import (ASSUMED_ALPHA, ASSUMED_DRAFT_COST, COPY_TASKS, CPU_ISAS,  # noqa: F401
+                                      DRAFT_RATIO_RANGE, DRAFT_SIZE_EXAMPLES_B, EAGLE_TRAIN_COMMAND, MAX_TARGET_B,
+                                      MIN_TARGET_FOR_DRAFT_B, RULES, TASKS, Rule, loaded_choice, rules_choice)
 
-# ----- measured figures ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Rule:
-    """One piece of guidance: ``id`` (named in reasons), the guidance, and its source."""
-
-    id: str
-    guidance: str
-    source: str
-
-
-RULES: dict[str, Rule] = {r.id: r for r in (
-    Rule("no_draft_medusa", "A new deployment with no draft model: train Medusa heads on the target itself "
-         "(a few hours on one GPU) and verify their tree of guesses in one pass.",
-         "Cai et al. 2024 (Medusa)"),
-    Rule("same_family_draft", "A smaller model of the same family (same tokenizer) is available: use draft-model "
-         "speculative decoding.", "Leviathan et al. 2023; Chen et al. 2023"),
-    Rule("draft_size", "Pick a draft 5-10x smaller than the target: 70B -> 7B, 33B -> 7B, 13B -> 1B. A bigger "
-         "draft costs too much per token; a much smaller one is rarely accepted.",
-         "Leviathan et al. 2023 and Chen et al. 2023 (their pairings); project guidance for the exact ratios"),
-    Rule("target_too_small", "A target too small for a 5-10x smaller draft to exist or to pay off: use Medusa or "
-         "Lookahead instead of a draft model, unless a draft made for this target is loaded.",
-         "project guidance"),
-    Rule("zero_training", "No training wanted and no draft: Lookahead decoding or prompt lookup; both are "
-         "lossless and need nothing but the target.", "Fu et al. 2024; Saxena 2023"),
-    Rule("copy_tasks", "Code editing, summarisation, RAG and extraction repeat text from the prompt: prompt lookup "
-         "copies it almost for free.", "Saxena 2023; Spec-Bench (Xia et al. 2024)"),
-    Rule("k_defaults", "K (tokens drafted per step): 2 conservative, 4 default, 8 aggressive; on a CPU at most the "
-         "K that the verify cost makes fastest (Theory tab); a loaded draft that carries its own measured K uses "
-         "that K.", "Leviathan et al. 2023 (optimal K); project guidance"),
-    Rule("loaded_draft", "A draft that shares the target's tokenizer is loaded here (the embedded default ships one "
-         "distilled for it): use draft-model speculative decoding with the draft's own K. It was measured on this "
-         "target, so the measurement beats the size rules and the appetite presets.",
-         "Leviathan et al. 2023; Chen et al. 2023; project measurements"),
-    Rule("loaded_medusa", "Medusa heads for the target are loaded: no training is needed; compare Medusa with the "
-         "draft on the Playground tab. Where the project measured both on a CPU like this one, the faster of the "
-         "two comes first.",
-         "Cai et al. 2024 (Medusa); project measurements"),
-    Rule("lookahead_size", "Lookahead window W and n-gram size N by model size: 7B (15, 5), 13B (10, 5), 33B and up "
-         "(7, 5), with guess set size G = W.", "Fu et al. 2024, their GPU settings"),
-    Rule("medusa_threshold", "Medusa's posterior threshold (epsilon) and alpha matter only with typical acceptance, "
-         "which keeps a head's token when the target gives it probability above min(epsilon, alpha * "
-         "exp(-entropy)). Higher = stricter (closer to the target's greedy output, fewer tokens accepted); lower = "
-         "more tokens per step but output drifts further from greedy. Medusa's defaults are epsilon 0.09, alpha "
-         "0.3. The advisor keeps exact acceptance (lossless), where they change nothing.",
-         "Cai et al. 2024, section 2.3.1"),
-    Rule("medusa_tree", "Medusa's candidate tree: on a GPU a large tree verifies almost for free; where verifying "
-         "more tokens costs more (CPUs), a tree sized by this device's measured verify cost and the heads' "
-         "accuracy.", "Cai et al. 2024 (tree attention); project measurements"),
-    Rule("measured_run", "What the Playground tab measured on this device beats the rules and the project's "
-         "figures: of the methods the loaded models can run, the one that ran fastest against the baseline "
-         "comes first.", "project measurements"),
-    Rule("measured_figures", "Before a run on this page, for the embedded default model on a CPU like one the "
-         "project measured (Spec-Bench), the method that measured fastest there comes first.",
-         "project measurements"),
-)}
-"""The advisor's rules, by id."""
-
-DRAFT_RATIO_RANGE = (5.0, 10.0)
-"""A good draft is this many times smaller than the target (rule ``draft_size``)."""
-DRAFT_SIZE_EXAMPLES_B = {70.0: 7.0, 33.0: 7.0, 13.0: 1.0}
-"""Target size -> the draft size of the classic pairings, e.g. Llama-2-70B with Llama-2-7B (billions of parameters)."""
-MIN_TARGET_FOR_DRAFT_B = 3.0
-"""Below this target size (billions) the advisor prefers Medusa or Lookahead (rule ``target_too_small``):
-a 5x smaller draft would have under 0.6 B parameters, where fixed per-call overheads dominate."""
-COPY_TASKS = ("code", "summarization", "rag", "extraction")
-"""Task types where the answer repeats the prompt (rule ``copy_tasks``)."""
-TASKS = ("chat", "code", "summarization", "rag", "extraction", "translation", "math")
 APPETITES = tuple(K_PRESETS)
-ASSUMED_ALPHA = {"conservative": 0.6, "default": 0.7, "aggressive": 0.8}
-"""On a CPU without a measured draft, the acceptance rate each appetite bets on when K is capped by the
-verify cost (with draft cost :data:`ASSUMED_DRAFT_COST`)."""
-ASSUMED_DRAFT_COST = 0.05
-"""A same-family draft 5-10x smaller costs about this fraction of a target forward per drafted token."""
 
 
 def suggested_draft_size_b(target_b: float) -> float:
@@ -138,12 +72,6 @@ def lookahead_settings(target_b: float, device: str = "gpu") -> dict[str, int]:
     return dict(LOOKAHEAD_PRESETS[key])
 
 
-MAX_TARGET_B = 10_000.0
-"""The largest target size (billions of parameters) the advisor accepts; sizes must also be > 0."""
-CPU_ISAS = ("avx512", "avx2")
-"""CPU instruction sets the project's measurements distinguish (``isa`` of a machine in the measurements file)."""
-
-
 def _size_error(value) -> str | None:
     """Why ``value`` is not a usable size in billions (None when it is a finite number)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -160,7 +88,7 @@ class Situation:
     Attributes:
         target_b: target size in billions of parameters, in (0, :data:`MAX_TARGET_B`].
         draft_b: size of an available same-family smaller model with the same tokenizer, or None.
-        willing_to_train: whether training something (Medusa heads) is acceptable.
+        willing_to_train: whether training something (an EAGLE-3 head, Medusa heads) is acceptable.
         task: one of :data:`TASKS`.
         appetite: ``"conservative"``, ``"default"`` or ``"aggressive"`` (sets K).
         device: ``"gpu"`` or ``"cpu"``.
@@ -172,6 +100,9 @@ class Situation:
         draft_run: the loaded draft measured in a run on this page (:func:`measure_draft`, the draft
             panel's figures), or None: its suggested K then replaces the presets.
         run_speedups: method -> speedup over the baseline measured in that run (greedy), or None.
+        available: see below.
+        eagle_loaded: an EAGLE-3 head for the target is loaded in this app (the embedded default ships
+            one, ``assets/eagle/default``). Last, so positional callers of the fields above still work.
     """
 
     target_b: float
@@ -188,16 +119,21 @@ class Situation:
     run_speedups: dict[str, float] | None = None
     available: tuple[str, ...] | None = None
     """Methods the loaded models can run (None: every method, but the draft model only with
-    ``draft_loaded`` and Medusa only with ``medusa_loaded``)."""
+    ``draft_loaded``, Medusa only with ``medusa_loaded`` and EAGLE-3 only with ``eagle_loaded``)."""
+    eagle_loaded: bool = False
 
     def can_run(self, method: str) -> bool:
         """Whether ``method`` can run with the loaded models (see :attr:`available`)."""
         if self.available is not None:
             return method in self.available
-        return {"draft_model": self.draft_loaded, "medusa": self.medusa_loaded}.get(method, method in METHODS)
+        return {"draft_model": self.draft_loaded, "medusa": self.medusa_loaded,
+                "eagle": self.eagle_loaded}.get(method, method in METHODS)
 
     def check(self) -> None:
-        """Raises ValueError naming a bad field and what is allowed."""
+        """Raises ValueError naming a bad field and what is allowed (the yes/no fields must be bools)."""
+        for name in ("willing_to_train", "draft_loaded", "medusa_loaded", "eagle_loaded"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         bad = _size_error(self.target_b)
         if bad or not (0 < self.target_b <= MAX_TARGET_B):
             raise ValueError(f"target size must be > 0 and at most {MAX_TARGET_B:g} billion parameters "
@@ -237,13 +173,18 @@ class Advice:
     """The advisor's answer.
 
     Attributes:
-        primary: the recommended method (a method name: ``draft_model``, ``medusa``, ``lookahead``,
-            ``prompt_lookup``).
+        primary: the recommended method (a method name: ``eagle``, ``draft_model``, ``medusa``,
+            ``lookahead``, ``prompt_lookup``, or whatever measured fastest).
         methods: methods to tick on the main tab, the baseline ``autoregressive`` first.
         params: method -> knob values to set.
         reasons: ``(rule id, text)`` pairs, in the order the rules applied.
         measured_notes: where measurements (this device's, or the measurements file's, naming the
             machine) disagree with a rule.
+        deploy: whether the vLLM backend serves ``primary`` (vLLM's name for it), else why not and the
+            fastest advised or measured method it serves (:func:`playground.advisor_deploy.deployment`).
+        deploy_method: the method to serve on vLLM (``primary`` when served; None when none is).
+        train_command: the command that trains what the advice needs when it advises EAGLE-3 with no
+            head loaded (:data:`EAGLE_TRAIN_COMMAND`), else None. The page does not show command lines.
     """
 
     primary: str
@@ -251,6 +192,9 @@ class Advice:
     params: dict[str, dict] = field(default_factory=dict)
     reasons: list[tuple[str, str]] = field(default_factory=list)
     measured_notes: list[str] = field(default_factory=list)
+    deploy: str = ""
+    deploy_method: str | None = None
+    train_command: str | None = None
 
     def rule_ids(self) -> list[str]:
         return [r for r, _ in self.reasons]
@@ -291,7 +235,7 @@ def _spec_bench_notes(s: Situation, methods: list[str]) -> list[str]:
     isas = sorted(MEASURED, key=lambda isa: (isa != s.cpu_isa, str(isa)))
     parts, lossless, setup = [], True, None
     names = {"draft_model": "the shipped distilled draft", "medusa": "Medusa with the shipped heads",
-             "lookahead": "Lookahead", "prompt_lookup": "prompt lookup"}
+             "eagle": "EAGLE-3 with the shipped head", "lookahead": "Lookahead", "prompt_lookup": "prompt lookup"}
     for isa in isas:
         figs = MEASURED[isa]
         if not figs:
@@ -363,11 +307,13 @@ def _cpu_notes(s: Situation, primary: str, methods: list[str], k: int | None, pa
 def advise(s: Situation, verify_cost=None) -> Advice:
     """Recommend a method and its settings for situation ``s`` (rules: :data:`RULES`).
 
-    Steps: 1. choose the primary method (a loaded draft or Medusa heads first, then draft model /
-    Medusa / Lookahead / prompt lookup); 2. add prompt lookup for copy-heavy tasks; 3. set K (the
-    loaded draft's own K, else by appetite, on a CPU at most the verify cost's best K); 4. size
-    Lookahead by the model; 5. Medusa keeps exact acceptance (no threshold knobs); 6. on a CPU, note
-    where measurements disagree.
+    Steps: 1. choose the primary method (a loaded draft, Medusa heads or EAGLE-3 head first, then
+    EAGLE-3 on a GPU when training is acceptable, draft model / Medusa / Lookahead / prompt lookup;
+    then what this page's run, or the project's figures, measured fastest); 2. add prompt lookup for
+    copy-heavy tasks; 3. set K (the loaded draft's own K, else by appetite, on a CPU at most the verify
+    cost's best K); 4. size Lookahead by the model; 5. Medusa keeps exact acceptance (no threshold
+    knobs); 6. on a CPU, note where measurements disagree; 7. say whether the first choice deploys on
+    vLLM, else the fastest advised or measured method that does (``Advice.deploy``).
 
     Args:
         s: the situation.
@@ -381,39 +327,10 @@ def advise(s: Situation, verify_cost=None) -> Advice:
     reasons: list[tuple[str, str]] = []
     params: dict[str, dict] = {}
     big_enough = s.target_b >= MIN_TARGET_FOR_DRAFT_B
-    extra: list[str] = []  # loaded methods to compare with the primary
     # 1. The primary method: what is loaded and measured here first, then the rules.
-    if s.draft_loaded:
-        primary = "draft_model"
-        reasons.append(("loaded_draft", "a draft with the target's tokenizer is loaded: draft-model speculative "
-                                        "decoding"))
-        if s.medusa_loaded:
-            extra.append("medusa")
-            med, dft = _fig(s.cpu_isa, "medusa"), _fig(s.cpu_isa, "draft_model")
-            if s.device == "cpu" and med and dft and med["speedup"] > dft["speedup"]:
-                primary, extra = "medusa", ["draft_model"]
-                reasons.append(("loaded_medusa", f"Medusa heads are loaded too, and on {med['machine']} Medusa "
-                                                 f"measured faster than the draft ({med['speedup']:.2f}x against "
-                                                 f"{dft['speedup']:.2f}x): Medusa"))
-            else:
-                reasons.append(("loaded_medusa", "Medusa heads are loaded too: compare them with the draft"))
-    elif s.medusa_loaded:
-        primary = "medusa"
-        reasons.append(("loaded_medusa", "Medusa heads for the target are loaded: Medusa, with no training needed"))
-    elif s.draft_b is not None and big_enough:
-        primary = "draft_model"
-        reasons.append(("same_family_draft", f"a same-family {s.draft_b:g} B model is available: draft-model "
-                                             "speculative decoding"))
-    elif not big_enough:
-        primary = "medusa" if s.willing_to_train else "lookahead"
-        reasons.append(("target_too_small", f"a {s.target_b:g} B target is below {MIN_TARGET_FOR_DRAFT_B:g} B "
-                                            f"and no draft made for it is loaded: {METHODS[primary].label} instead of a draft model"))
-    elif s.willing_to_train:
-        primary = "medusa"
-        reasons.append(("no_draft_medusa", "no draft model: train Medusa heads on the target"))
-    else:
-        primary = "lookahead"
-        reasons.append(("zero_training", "no draft and no training: Lookahead decoding (or prompt lookup)"))
+    primary, extra = loaded_choice(s, reasons)
+    if primary is None:
+        primary, extra = rules_choice(s, reasons)
     if s.draft_b is not None and big_enough and "draft_model" in (primary, *extra):
         ratio = s.target_b / s.draft_b
         if draft_ratio_ok(s.target_b, s.draft_b):
@@ -497,4 +414,10 @@ def advise(s: Situation, verify_cost=None) -> Advice:
                                        "and the loaded heads' accuracy"))
     # 6. Where the measurements disagree.
     notes = _cpu_notes(s, primary, methods, k, params, cost) if s.device == "cpu" else []
-    return Advice(primary, list(dict.fromkeys(methods)), params, reasons, notes)
+    # 7. Deployment on vLLM: the first choice if the vLLM backend serves it, else the fastest it serves.
+    methods = list(dict.fromkeys(methods))
+    speeds = ({m: (x, "in the last run on the Playground tab") for m, x in ran.items()} if ran else
+              {m: (f["speedup"], f"on {f['machine']}, the project's measurements") for m, f in figs})
+    deploy, deploy_method = deployment(primary, methods, speeds, s.eagle_loaded)
+    train = EAGLE_TRAIN_COMMAND if "eagle" in methods and not s.eagle_loaded else None
+    return Advice(primary, methods, params, reasons, notes, deploy, deploy_method, train)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import logging
+import re
 
 import gradio as gr
 
@@ -46,13 +47,15 @@ def loaded_draft_b(engine) -> float:
         return NO_DRAFT
 
 
-def loaded_models(engine) -> tuple[bool, bool, int | None]:
-    """``(draft loaded, Medusa heads loaded, the draft's own K or None)`` for the advisor."""
+def loaded_models(engine) -> tuple[bool, bool, int | None, bool]:
+    """``(draft loaded, Medusa heads loaded, the draft's own K or None, EAGLE-3 head loaded)`` for the advisor
+    (a part counts as loaded when the engine holds it and can run its method)."""
     draft = getattr(engine, "draft", None)
     k = ((getattr(draft, "knob_defaults", None) or {}).get("k")) if draft is not None else None
     return (draft is not None and engine.unavailable_reason("draft_model") is None,
             getattr(engine, "medusa", None) is not None and engine.unavailable_reason("medusa") is None,
-            int(k) if isinstance(k, (int, float)) and not isinstance(k, bool) else None)
+            int(k) if isinstance(k, (int, float)) and not isinstance(k, bool) else None,
+            getattr(engine, "eagle", None) is not None and engine.unavailable_reason("eagle") is None)
 
 
 RULE_TITLES = {
@@ -62,6 +65,7 @@ RULE_TITLES = {
     "loaded_draft": "A draft made for this target is loaded", "loaded_medusa": "Medusa heads are loaded",
     "lookahead_size": "Lookahead's window by model size", "medusa_threshold": "Medusa's typical acceptance",
     "medusa_tree": "Medusa's tree", "measured_run": "What this page measured",
+    "loaded_eagle": "An EAGLE-3 head is loaded", "eagle_head": "EAGLE-3 first on a GPU",
 }
 """The page's title of each advisor rule (the rules' ids are internal)."""
 
@@ -84,9 +88,19 @@ def _value_text(m: str, k: str, v) -> str:
     return choice_label(k, v) if isinstance(v, str) else str(v)
 
 
+_SNAKE = re.compile(r"\b[a-z0-9]+(?:_[a-z0-9]+)+\b")
+
+
+def page_words(text: str) -> str:
+    """``text`` in the page's words: a snake_case name (vLLM's ``draft_model`` method, a config key quoted
+    by the vLLM backend's reason) with spaces for its underscores."""
+    return _SNAKE.sub(lambda m: m.group(0).replace("_", " "), text)
+
+
 def advice_markdown(advice: advisor.Advice, engine) -> str:
-    """The advice as Markdown: the recommendation, settings (page names), reasons with the rule behind
-    each (its title and guidance, never its id), measured notes."""
+    """The advice as Markdown: the recommendation, settings (page names), whether it deploys on vLLM (else
+    the fastest advised method that does), reasons with the rule behind each (its title and guidance,
+    never its id), measured notes."""
     label = METHODS[advice.primary].label if advice.primary in METHODS else advice.primary
     lines = [f"### Recommended: **{label}**"]
     ticks = ", ".join(METHODS[m].label if m in METHODS else m for m in advice.methods)
@@ -96,6 +110,8 @@ def advice_markdown(advice: advisor.Advice, engine) -> str:
             continue
         lines.append(f"- **{_label(m)}**: " + ", ".join(f"{_knob_label(m, k)} = {_value_text(m, k, v)}"
                                                      for k, v in params.items()))
+    if advice.deploy:
+        lines.append(f"\n**On vLLM:** {html.escape(page_words(advice.deploy))}")
     lines.append("\n**Why**")
     for rule_id, text in advice.reasons:
         rule = advisor.RULES[rule_id]
@@ -122,8 +138,9 @@ def _number(value, name: str) -> float:
 
 
 def situation(target_b, draft_b, train, task, appetite, device, loaded_draft=False, loaded_medusa=False,
-              draft_k=None, cpu_isa=None) -> advisor.Situation:
-    """A :class:`advisor.Situation` from the tab's inputs (draft size 0 = none; a negative one is an error).
+              loaded_eagle=False, *, draft_k=None, cpu_isa=None) -> advisor.Situation:
+    """A :class:`advisor.Situation` from the tab's inputs, in the order of the tab's input list (draft size
+    0 = none; a negative one is an error); ``draft_k`` and ``cpu_isa`` by keyword.
 
     Raises:
         ValueError: an empty or non-numeric size (the situation's own check names the allowed range).
@@ -134,7 +151,7 @@ def situation(target_b, draft_b, train, task, appetite, device, loaded_draft=Fal
         raise ValueError(f"the draft size must be 0 (no draft) or a positive size below the target, got {d:g}")
     return advisor.Situation(t, d if d > 0 else None, bool(train), task, appetite, device,
                              bool(loaded_draft), bool(loaded_medusa), draft_k if loaded_draft else None,
-                             cpu_isa if device == "cpu" else None)
+                             cpu_isa if device == "cpu" else None, eagle_loaded=bool(loaded_eagle))
 
 
 def run_figures(summary: dict | None, verify_cost) -> tuple[advisor.DraftMeasurement | None, dict[str, float]]:
@@ -157,17 +174,18 @@ def advise(engine, *values, summary: dict | None = None, engine_key: str | None 
     and no recommendation (so Apply has nothing stale to apply), never raises.
 
     ``values``: the tab's inputs (target size, draft size, willing to train, task, appetite, device,
-    draft loaded, Medusa loaded). ``summary``: the last Playground run (``RunView.summary()``), whose
-    measured draft K and speedups the advice follows when its device is this one. ``engine_key``: the
+    draft loaded, Medusa loaded, EAGLE-3 head loaded; the last may be left out: not loaded). ``summary``:
+    the last Playground run (``RunView.summary()``), whose measured draft K and speedups the advice
+    follows when its device is this one. ``engine_key``: the
     session's engine key, under which the Theory tab caches this engine's measured verify cost (None:
     looked up from ``engine``).
     """
     try:
-        _, _, draft_k = loaded_models(engine)
+        draft_k = loaded_models(engine)[2]
         s = situation(*values, draft_k=draft_k, cpu_isa=advisor.cpu_isa())
         here = s.device == ("cpu" if str(getattr(getattr(engine, "target", None), "device", "cpu")) == "cpu" else "gpu")
         draft_run, speeds = run_figures(summary, _page_cost(engine, engine_key)) if here else (None, {})
-        off = {"draft_model": not s.draft_loaded, "medusa": not s.medusa_loaded}
+        off = {"draft_model": not s.draft_loaded, "medusa": not s.medusa_loaded, "eagle": not s.eagle_loaded}
         available = tuple(m for m in METHODS if not off.get(m) and _runnable(engine, m)) if here else None
         s = dataclasses.replace(s, draft_run=draft_run if s.draft_loaded else None, run_speedups=speeds or None,
                                 available=available)
@@ -264,22 +282,22 @@ def preset_markdown(name: str) -> str:
 
 def situation_values(engine) -> tuple:
     """The tab's inputs that describe the loaded models, for ``engine``: (target size, draft size,
-    draft loaded, Medusa loaded, device)."""
-    has_draft, has_medusa, _ = loaded_models(engine)
+    draft loaded, Medusa loaded, device); the EAGLE-3 box follows ``loaded_models(engine)[3]``."""
+    has_draft, has_medusa, _, _ = loaded_models(engine)
     device = "cpu" if str(engine.target.device) == "cpu" else "gpu"
     return target_size_b(engine), loaded_draft_b(engine), has_draft, has_medusa, device
 
 
 def preset_sizes(engine, name: str) -> tuple:
     """What "Use its sizes in the advisor" fills for preset ``name``, with ``engine`` loaded: (target size,
-    draft size, willing to train, draft loaded, Medusa loaded)."""
+    draft size, willing to train, draft loaded, Medusa loaded, EAGLE-3 head loaded)."""
     p = presets.get_preset(name)
-    has_draft, has_medusa, _ = loaded_models(engine)
+    has_draft, has_medusa, _, has_eagle = loaded_models(engine)
     sizes = {"HuggingFaceTB/SmolLM2-360M-Instruct": 0.36, "HuggingFaceTB/SmolLM2-135M-Instruct": 0.135,
              "Qwen/Qwen2.5-0.5B-Instruct": 0.5, "meta-llama/Llama-2-7b-chat-hf": 6.7}
     here = p.target == getattr(engine.target, "spec", None)  # the preset's models are the loaded ones
     draft_b_value = loaded_draft_b(engine) if here and has_draft else sizes.get(p.draft, NO_DRAFT)
-    return p.params_b, draft_b_value, bool(p.medusa), here and has_draft, here and has_medusa
+    return p.params_b, draft_b_value, bool(p.medusa), here and has_draft, here and has_medusa, here and has_eagle
 
 
 def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None, models=None) -> None:
@@ -298,7 +316,7 @@ def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None, mode
     gr.Markdown("Tell the advisor about your deployment; it recommends a method and settings, with the rule behind "
                 "each choice, and says where measurements (this device's from the Theory tab, or the project's, "
                 "naming the machine) disagree with a rule.")
-    has_draft, has_medusa, _ = loaded_models(engine)
+    has_draft, has_medusa, _, has_eagle = loaded_models(engine)
     with gr.Row(equal_height=False):
         with gr.Column(scale=2, min_width=300):
             # No minimum/maximum on the boxes: Gradio would reject out-of-range values with a server
@@ -307,11 +325,14 @@ def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None, mode
                                  f"most {advisor.MAX_TARGET_B:g})", elem_id="advisor-target-b")
             draft_b = gr.Number(loaded_draft_b(engine), label="Same-family smaller model with the same tokenizer "
                                 "(billions; 0 = none)", elem_id="advisor-draft-b")
-            train = gr.Checkbox(False, label="Willing to train something (e.g. Medusa heads)", elem_id="advisor-train")
+            train = gr.Checkbox(False, label="Willing to train something (an EAGLE-3 head, Medusa heads)",
+                                elem_id="advisor-train")
             loaded_draft = gr.Checkbox(has_draft, label="This draft is loaded here (made for this target; the "
                                        "Playground tab can measure it)", elem_id="advisor-loaded-draft")
             loaded_medusa = gr.Checkbox(has_medusa, label="Medusa heads for this target are loaded here",
                                         elem_id="advisor-loaded-medusa")
+            loaded_eagle = gr.Checkbox(has_eagle, label="An EAGLE-3 head for this target is loaded here",
+                                       elem_id="advisor-loaded-eagle")
             task = gr.Dropdown(list(advisor.TASKS), value="chat", label="Task", elem_id="advisor-task",
                                info="Code, summarisation, RAG and extraction copy from the prompt.")
             appetite = gr.Radio(list(advisor.APPETITES), value="default", label="Appetite for risk (sets K)",
@@ -322,9 +343,10 @@ def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None, mode
                 apply_btn = gr.Button("Apply to the Playground tab", elem_id="advisor-apply")
             applied = gr.Markdown("", elem_id="advisor-applied")
         with gr.Column(scale=3):
-            inputs = [target_b, draft_b, train, task, appetite, dev, loaded_draft, loaded_medusa]
+            # The order situation() takes; the EAGLE-3 box last, as callers that predate it leave it out.
+            inputs = [target_b, draft_b, train, task, appetite, dev, loaded_draft, loaded_medusa, loaded_eagle]
             md0, adv0 = advise(engine, target_size_b(engine), loaded_draft_b(engine), False, "chat", "default",
-                               device, has_draft, has_medusa)
+                               device, has_draft, has_medusa, has_eagle)
             out = gr.Markdown(md0, elem_id="advisor-output")
             state = gr.State(adv0)
     with gr.Accordion("Model presets", open=True, elem_id="presets"):
@@ -348,8 +370,12 @@ def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None, mode
         return (models.engine_for(k[0]), k[0]) if models is not None else (engine, None)
 
     def advise_and_clear(*v):  # new advice: the last "Applied" message no longer describes it
-        chosen, k = session(*v[len(inputs) + len(run):])
-        return (*advise(chosen, *v[:len(inputs)], summary=v[len(inputs)] if run else None, engine_key=k), "")
+        # ``inputs``, then the last run and the session key: read from the end, so a caller that predates
+        # the EAGLE-3 box (one input fewer) still lines up.
+        tail = len(run) + len(key)
+        values, rest = v[:len(v) - tail], v[len(v) - tail:]
+        chosen, k = session(*rest[len(run):])
+        return (*advise(chosen, *values, summary=rest[0] if run else None, engine_key=k), "")
 
     go_btn.click(advise_and_clear, inputs + run + key, [out, state, applied], api_visibility="private", queue=False)
     for comp in inputs + run:
@@ -360,6 +386,8 @@ def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None, mode
                     api_visibility="private", queue=False)
     pick.change(preset_markdown, pick, preset_info, api_visibility="private", queue=False)
     fill_btn.click(lambda name, *k: preset_sizes(session(*k)[0], name), [pick, *key],
-                   [target_b, draft_b, train, loaded_draft, loaded_medusa], api_visibility="private", queue=False)
+                   [target_b, draft_b, train, loaded_draft, loaded_medusa, loaded_eagle], api_visibility="private",
+                   queue=False)
     if models is not None:  # after a load: the sizes and "loaded" boxes describe the session's models
         models.follow(lambda e, _k: situation_values(e), [], [target_b, draft_b, loaded_draft, loaded_medusa, dev])
+        models.follow(lambda e, _k: loaded_models(e)[3], [], [loaded_eagle])

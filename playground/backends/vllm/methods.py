@@ -35,6 +35,9 @@ UNSUPPORTED = {
     "medusa": "vLLM's medusa method loads heads in its own format (a MedusaModel checkpoint with a "
               "'medusa_config'), not the reference implementation's that the playground trains",
     "suffix": "vLLM's suffix decoding needs the arctic-inference package, which has no CPU build",
+    "mixture": "vLLM runs one speculative method per server, not a tree merged from several drafters",
+    "rest": "vLLM has no retrieval (REST) drafter",
+    "recycling": "vLLM has no token recycling drafter",
 }
 """Method -> why the vLLM backend does not serve it."""
 
