@@ -30,13 +30,13 @@ pytestmark = pytest.mark.vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "artifacts" / "screenshots" / "vllm_tab.png"
-METHODS = ("autoregressive", "prompt_lookup", "draft_model")
+METHODS = ("autoregressive", "prompt_lookup", "draft_model", "eagle")
 PROMPT = "Repeat this list twice: apple, banana, cherry, date, elderberry, fig, grape."
 # The default model loops on this one to the 1024-token cap (greedy, float32), so Stop lands
 # mid-stream. A 256-token story and "Count from 1 to 1000" (EOS after 122 tokens) both finished on
 # CI before the click arrived.
 LONG_PROMPT = "Write the word 'go' 600 times, separated by spaces."
-START_TIMEOUT_MS = 480_000  # three servers on a shared 2-core machine
+START_TIMEOUT_MS = 480_000  # four servers on a shared 2-core machine (they start in parallel)
 RUN_TIMEOUT_MS = 180_000
 
 
@@ -65,8 +65,8 @@ def _no_error(page) -> None:
     assert "Traceback" not in page.locator("body").inner_text()
 
 
-def test_vllm_tab_runs_three_methods_and_stops(browser, vllm_page):  # noqa: F811
-    """Start the servers, run 32 new tokens on three methods: text streams into each panel, tokens
+def test_vllm_tab_runs_four_methods_and_stops(browser, vllm_page):  # noqa: F811
+    """Start the servers, run 32 new tokens on four methods: text streams into each panel, tokens
     are coloured by source, stats and the lossless badge appear; Stop cancels a long run."""
     from playwright.sync_api import expect
 
@@ -106,6 +106,7 @@ def test_vllm_tab_runs_three_methods_and_stops(browser, vllm_page):  # noqa: F81
             expect(panel.locator(".tok[data-source=target]").first).to_be_visible()
             assert panel.inner_text().strip()
         expect(page.locator("#vllm-panel-draft_model .tok[data-source=draft]").first).to_be_visible()
+        expect(page.locator("#vllm-panel-eagle .tok[data-source=eagle_d1]").first).to_be_visible()  # by depth
         tab = page.locator("#tab-vllm")
         for m in METHODS:
             stats = tab.locator(f"#vllm-stats-{m}")
