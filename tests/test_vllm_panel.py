@@ -1,8 +1,11 @@
-"""The vLLM tab's session without servers: warming up the servers once after they start."""
+"""The vLLM tab's session without servers: warming up the servers once after they start, and the
+commands that deploy the ticked methods on vLLM servers of your own."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
+
+import pytest
 
 from playground.ui.vllm_panel import VLLMSession
 
@@ -26,3 +29,38 @@ def test_warm_up_sends_one_short_request_per_server_once():
 
 def test_warm_up_without_servers_does_nothing():
     assert VLLMSession().warm_up([1], run=lambda *a: 1 / 0) == []
+
+
+def test_deploy_commands_run_the_same_configs_on_a_machine_of_your_own(capsys):
+    """The vLLM tab's deploy commands: one `vllm serve` per method on consecutive ports, each with the
+    speculative config the servers started here get (the default target by its hub id, the shipped
+    head's folder to copy), and the app command that attaches to them; a method vLLM lacks is refused."""
+    import json
+    import shlex
+
+    from playground.backends.vllm import methods as M
+    from playground.backends.vllm import serve
+    from playground.engine import DEFAULT_EAGLE_DIR, DEFAULT_HUB_ID
+    from playground.ui.vllm_panel import VLLMSession, deploy_markdown
+
+    names = ["autoregressive", "prompt_lookup", "eagle"]
+    commands, attach, folders = M.serve_commands(names, {"eagle": {"depth": 3}})
+    for i, (m, line) in enumerate(zip(names, commands)):
+        argv = shlex.split(line)
+        assert argv[:3] == ["vllm", "serve", DEFAULT_HUB_ID] and argv[argv.index("--port") + 1] == str(8000 + i)
+        assert argv[argv.index("--served-model-name") + 1] == m and "--dtype" not in argv
+        want = M.speculative_config(m, {"depth": 3} if m == "eagle" else None, None, str(DEFAULT_EAGLE_DIR))
+        got = json.loads(argv[argv.index("--speculative-config") + 1]) if "--speculative-config" in argv else None
+        assert got == want
+    assert shlex.split(attach)[-2:] == ["--vllm-url", "eagle=http://gpu-host:8002"] and "--target" not in attach
+    assert folders == [str(DEFAULT_EAGLE_DIR)]
+    _, attach, _ = M.serve_commands(["autoregressive"], target="/models/mine")
+    assert "--target /models/mine" in attach
+    with pytest.raises(ValueError, match="lookahead cannot run on vLLM"):
+        M.serve_commands(["lookahead"])
+    text = deploy_markdown(VLLMSession(), ["eagle", "lookahead"])  # the baseline added, Lookahead left out
+    assert text.count("vllm serve") == 2 and str(DEFAULT_EAGLE_DIR) in text and "lookahead" not in text
+    assert deploy_markdown(VLLMSession(eagle="none"), ["eagle"]).startswith("Cannot write the commands: eagle")
+    assert serve.main(["autoregressive,eagle", "--print"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("vllm serve") == 2 and "app.py --vllm-url autoregressive=" in out

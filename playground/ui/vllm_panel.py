@@ -150,6 +150,22 @@ def lossless_badge(base: dict, stats: dict) -> str:
     return render.badge("mismatch", where)
 
 
+def deploy_markdown(session: VLLMSession, names: list[str]) -> str:
+    """Markdown: the ``vllm serve`` commands that run the ticked methods (and the baseline) on a machine
+    of your own, the app command that attaches to them, and the folders to copy
+    (:func:`.methods.serve_commands`); a method vLLM cannot serve, or one attached already, is left out."""
+    names = [m for m in dict.fromkeys(["autoregressive", *names]) if m in vm.SUPPORTED]
+    try:
+        commands, attach, folders = vm.serve_commands(names, target=session.target, draft=session.draft,
+                                                      eagle=session.eagle)
+    except ValueError as e:
+        return f"Cannot write the commands: {html.escape(str(e))}."
+    copy = "".join(f"\n- `{f}`" for f in folders)
+    return ("On the serving machine (a GPU host; vLLM picks its dtype there), one server per method:\n\n```bash\n"
+            + "\n".join(commands) + "\n```\n\nWhere the playground runs, attach to them (replace gpu-host):"
+            + f"\n\n```bash\n{attach}\n```" + (f"\n\nCopy these folders to the serving machine:{copy}" if copy else ""))
+
+
 def build(session: VLLMSession, engine) -> None:
     """Lay out the vLLM tab inside the current Blocks/Tab (``engine`` builds the prompts: its
     tokenizer and chat template, as the built-in panels use)."""
@@ -159,6 +175,9 @@ def build(session: VLLMSession, engine) -> None:
         chosen = gr.CheckboxGroup(methods, value=[m for m in methods if m in vm.SUPPORTED], label="Methods",
                                   elem_id="vllm-methods")
         start = gr.Button("Start vLLM servers", elem_id="vllm-start")
+    with gr.Accordion("Deploy these methods on vLLM servers of your own", open=False):
+        deploy = gr.Markdown(deploy_markdown(session, [m for m in methods if m in vm.SUPPORTED]), elem_id="vllm-deploy")
+    chosen.change(lambda names: deploy_markdown(session, names), [chosen], [deploy], api_visibility="private")
     status = gr.HTML(render.status_html("done", "servers not started" if not session.attached else
                                         "attached: " + ", ".join(session.attached)), elem_id="vllm-status")
     prompt = gr.Textbox(label="Prompt", lines=3, elem_id="vllm-prompt")

@@ -78,6 +78,9 @@ def test_vllm_tab_runs_four_methods_and_stops(browser, vllm_page):  # noqa: F811
         expect(page.locator("#vllm-start")).to_be_visible(timeout=60_000)
         for m in METHODS:
             expect(page.locator("#vllm-methods")).to_contain_text(m)
+        page.get_by_text("Deploy these methods on vLLM servers of your own").click()  # the commands to run them yourself
+        expect(page.locator("#vllm-deploy")).to_contain_text('"method":"eagle3"')
+        expect(page.locator("#vllm-deploy")).to_contain_text("--vllm-url draft_model=http://gpu-host:8002")
         page.locator("#vllm-start").click()
         expect(page.locator("#vllm-status")).to_contain_text("starting vLLM servers", timeout=30_000)
         expect(page.locator("#vllm-status")).to_contain_text("servers ready", timeout=START_TIMEOUT_MS)

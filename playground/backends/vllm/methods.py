@@ -23,6 +23,8 @@ Not served, with the reason shown wherever a user could pick them (:data:`UNSUPP
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 
 from .server import ServerConfig
@@ -209,3 +211,54 @@ def vllm_draft_folder(target: str = "default", draft: str | None = None) -> str:
 
         return str(export_full_vocab(spec))
     return spec
+
+
+def serve_commands(methods: list[str], params: dict[str, dict] | None = None, target: str = "default",
+                   draft: str | None = None, eagle: str | None = None, port: int = 8000,
+                   host: str = "gpu-host") -> tuple[list[str], str, list[str]]:
+    """How to run ``methods`` on vLLM servers of your own (a GPU machine), and attach the playground.
+
+    One ``vllm serve`` command per method on ports ``port``, ``port + 1``, ... with the method's
+    speculative config and the metrics the playground reads; no ``--dtype`` (vLLM's default, bfloat16
+    on a GPU, is what a deployment runs; the servers started here run float32 to compare token for
+    token with the built-in engine). The embedded default target is named by its hub id. Nothing is
+    written: a reduced-vocabulary draft is named by the folder its full-vocabulary export goes to
+    (written by ``python -m playground.backends.vllm.export_draft``, or by the first server started here).
+
+    Returns:
+        ``(commands, attach, folders)``: the shell-quoted ``vllm serve`` lines; the app command
+        that attaches to them (``--vllm-url NAME=http://HOST:PORT`` each); local draft or head
+        folders the commands name, to copy to the serving machine.
+
+    Raises:
+        ValueError: an unsupported method or knob, or a draft or head missing (as :func:`server_configs`).
+    """
+    from playground.engine import DEFAULT_HUB_ID, DEFAULT_TARGET, default_draft_spec, eagle_spec
+
+    model = DEFAULT_HUB_ID if target == DEFAULT_TARGET else target
+    folders, commands, urls = [], [], []
+    for i, m in enumerate(methods):
+        draft_folder = head = None
+        if m == "draft_model":
+            spec = default_draft_spec(target, draft)
+            if spec and Path(spec).is_dir():
+                from playground.engine import TOKEN_MAP_FILE
+
+                from .export_draft import default_export_dir
+
+                draft_folder = str(default_export_dir(spec)) if (Path(spec) / TOKEN_MAP_FILE).is_file() else spec
+            else:
+                draft_folder = spec
+        if m == "eagle":
+            head = eagle_spec(target, eagle)
+        config = speculative_config(m, (params or {}).get(m), draft_folder, head)
+        args = ["vllm", "serve", model, "--port", str(port + i), "--served-model-name", m, "--enable-per-request-metrics"]
+        if config:
+            args += ["--per-request-spec-decode-metrics", "detailed",
+                     "--speculative-config", json.dumps(config, separators=(",", ":"))]
+            folders += [f for f in (draft_folder, head) if f and (Path(f).is_absolute() or Path(f).is_dir())]
+        commands.append(shlex.join(args))
+        urls += ["--vllm-url", f"{m}=http://{host}:{port + i}"]
+    attach = shlex.join([".venv/bin/python", "app.py", *([] if target == DEFAULT_TARGET else ["--target", target]),
+                         *urls])
+    return commands, attach, list(dict.fromkeys(folders))
