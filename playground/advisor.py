@@ -331,6 +331,10 @@ def advise(s: Situation, verify_cost=None) -> Advice:
     primary, extra = loaded_choice(s, reasons)
     if primary is None:
         primary, extra = rules_choice(s, reasons)
+    elif s.device == "gpu" and s.willing_to_train and "eagle" not in (primary, *extra):
+        extra = [*extra, "eagle"]  # loaded drafters first, but on a GPU an EAGLE-3 head is worth training
+        reasons.append(("eagle_head", "training is acceptable: on a GPU an EAGLE-3 head trained on the target (or a "
+                                      "published one), the strongest published drafter, is worth comparing"))
     if s.draft_b is not None and big_enough and "draft_model" in (primary, *extra):
         ratio = s.target_b / s.draft_b
         if draft_ratio_ok(s.target_b, s.draft_b):

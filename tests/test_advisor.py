@@ -439,3 +439,13 @@ def test_measure_command_stores_benchmark_figures(tmp_path):
     mine = [r for r in data["benchmarks"] if r["machine"] == ident and "prompt_lookup" in r["methods"]]
     assert len(mine) == 1 and len(data["benchmarks"]) <= before + 1
 
+
+
+def test_gpu_with_training_adds_eagle_beside_loaded_heads():
+    """On a GPU, loaded Medusa heads come first, but with training acceptable EAGLE-3 is advised beside
+    them (rule eagle_head), and the deployment line serves it, since vLLM lacks the playground's Medusa format."""
+    a = advisor.advise(advisor.Situation(7, None, willing_to_train=True, medusa_loaded=True, device="gpu"))
+    assert a.primary == "medusa" and "eagle" in a.methods and "eagle_head" in a.rule_ids()
+    assert a.deploy_method == "eagle" and "eagle3" in a.deploy
+    b = advisor.advise(advisor.Situation(7, None, willing_to_train=False, medusa_loaded=True, device="gpu"))
+    assert "eagle" not in b.methods

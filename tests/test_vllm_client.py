@@ -168,8 +168,10 @@ def test_speculative_configs():
         M.speculative_config("draft_model", {"confidence": 0.5}, "/d")
     with pytest.raises(ValueError, match=r"k must be in \[1, 16\]"):
         M.speculative_config("draft_model", {"k": 0}, "/d")
-    assert M.speculative_config("eagle", {"depth": 3, "budget": "auto"}, eagle_head="/h") == \
+    assert M.speculative_config("eagle", {"depth": 3}, eagle_head="/h") == \
         {"method": "eagle3", "model": "/h", "num_speculative_tokens": 3}
+    with pytest.raises(ValueError, match="eagle has no setting 'dpeth' .*depth, top_k, total_tokens"):
+        M.speculative_config("eagle", {"dpeth": 2}, eagle_head="/h")
     assert M.speculative_config("eagle", None, eagle_head="/h")["num_speculative_tokens"] == 4  # the engine's depth
     with pytest.raises(ValueError, match="a chain of depth tokens .* top_k cannot be set"):
         M.speculative_config("eagle", {"top_k": 2}, eagle_head="/h")

@@ -282,10 +282,10 @@ def preset_markdown(name: str) -> str:
 
 def situation_values(engine) -> tuple:
     """The tab's inputs that describe the loaded models, for ``engine``: (target size, draft size,
-    draft loaded, Medusa loaded, device); the EAGLE-3 box follows ``loaded_models(engine)[3]``."""
-    has_draft, has_medusa, _, _ = loaded_models(engine)
+    draft loaded, Medusa loaded, device, EAGLE-3 head loaded)."""
+    has_draft, has_medusa, _, has_eagle = loaded_models(engine)
     device = "cpu" if str(engine.target.device) == "cpu" else "gpu"
-    return target_size_b(engine), loaded_draft_b(engine), has_draft, has_medusa, device
+    return target_size_b(engine), loaded_draft_b(engine), has_draft, has_medusa, device, has_eagle
 
 
 def preset_sizes(engine, name: str) -> tuple:
@@ -389,5 +389,5 @@ def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None, mode
                    [target_b, draft_b, train, loaded_draft, loaded_medusa, loaded_eagle], api_visibility="private",
                    queue=False)
     if models is not None:  # after a load: the sizes and "loaded" boxes describe the session's models
-        models.follow(lambda e, _k: situation_values(e), [], [target_b, draft_b, loaded_draft, loaded_medusa, dev])
-        models.follow(lambda e, _k: loaded_models(e)[3], [], [loaded_eagle])
+        models.follow(lambda e, _k: situation_values(e), [],
+                      [target_b, draft_b, loaded_draft, loaded_medusa, dev, loaded_eagle])

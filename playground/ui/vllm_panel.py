@@ -152,18 +152,26 @@ def lossless_badge(base: dict, stats: dict) -> str:
 
 def deploy_markdown(session: VLLMSession, names: list[str]) -> str:
     """Markdown: the ``vllm serve`` commands that run the ticked methods (and the baseline) on a machine
-    of your own, the app command that attaches to them, and the folders to copy
-    (:func:`.methods.serve_commands`); a method vLLM cannot serve, or one attached already, is left out."""
-    names = [m for m in dict.fromkeys(["autoregressive", *names]) if m in vm.SUPPORTED]
+    of your own, the app command that attaches to them, and what to prepare and copy first
+    (:func:`.methods.serve_commands`); methods vLLM cannot serve, and those attached already (their
+    servers run), are left out."""
+    names = [m for m in dict.fromkeys(["autoregressive", *names]) if m in vm.SUPPORTED and m not in session.attached]
+    if not names:
+        return "Every ticked method is attached to a server already."
     try:
-        commands, attach, folders = vm.serve_commands(names, target=session.target, draft=session.draft,
-                                                      eagle=session.eagle)
+        plan = vm.serve_commands(names, target=session.target, draft=session.draft, eagle=session.eagle)
     except ValueError as e:
         return f"Cannot write the commands: {html.escape(str(e))}."
-    copy = "".join(f"\n- `{f}`" for f in folders)
-    return ("On the serving machine (a GPU host; vLLM picks its dtype there), one server per method:\n\n```bash\n"
-            + "\n".join(commands) + "\n```\n\nWhere the playground runs, attach to them (replace gpu-host):"
-            + f"\n\n```bash\n{attach}\n```" + (f"\n\nCopy these folders to the serving machine:{copy}" if copy else ""))
+    out = []
+    if plan.prepare:
+        out.append("First, here:\n\n```bash\n" + "\n".join(plan.prepare) + "\n```")
+    if plan.folders:
+        out.append("Copy these folders to the serving machine (same paths, or edit the commands):"
+                   + "".join(f"\n- `{f}`" for f in plan.folders))
+    out.append("On the serving machine (a GPU host; vLLM picks its dtype there), each in its own terminal:\n\n"
+               "```bash\n" + "\n".join(plan.commands) + "\n```")
+    out.append(f"Where the playground runs, attach to them (replace gpu-host):\n\n```bash\n{plan.attach}\n```")
+    return "\n\n".join(out)
 
 
 def build(session: VLLMSession, engine) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from typing import NamedTuple
 
 from .server import ServerConfig
 
@@ -34,8 +35,8 @@ SUPPORTED = ("autoregressive", "prompt_lookup", "draft_model", "eagle")
 
 UNSUPPORTED = {
     "lookahead": "vLLM has no Lookahead (Jacobi) decoding",
-    "medusa": "vLLM's medusa method loads heads in its own format (a MedusaModel checkpoint with a "
-              "'medusa_config'), not the reference implementation's that the playground trains",
+    "medusa": "vLLM's medusa method loads heads in a checkpoint format of its own, not the reference "
+              "implementation's format that the playground trains",
     "suffix": "vLLM's suffix decoding needs the arctic-inference package, which has no CPU build",
     "mixture": "vLLM runs one speculative method per server, not a tree merged from several drafters",
     "rest": "vLLM has no retrieval (REST) drafter",
@@ -74,7 +75,7 @@ def knob_defaults(method: str, draft_dir: str | Path | None = None) -> dict:
     if method == "eagle":
         from playground.engine import EAGLE_KNOBS
 
-        return {"depth": int(EAGLE_KNOBS[0].default)}
+        return {"depth": int(next(k for k in EAGLE_KNOBS if k.name == "depth").default)}
     return {}
 
 
@@ -96,6 +97,13 @@ def speculative_config(method: str, params: dict | None = None, draft_model: str
     reason = unsupported_reason(method)
     if reason:
         raise ValueError(f"{method} cannot run on vLLM: {reason}")
+    from playground.engine import METHODS
+
+    known = {k.name for k in METHODS[method].knobs}
+    unknown = sorted(set(params or {}) - known)
+    if unknown:
+        raise ValueError(f"{method} has no setting {', '.join(map(repr, unknown))} "
+                         f"(its settings: {', '.join(sorted(known)) or 'none'})")
     p = {**knob_defaults(method), **(params or {})}
     if method == "autoregressive":
         return None
@@ -114,8 +122,8 @@ def speculative_config(method: str, params: dict | None = None, draft_model: str
                              f"{' and '.join(tree)} cannot be set, only depth")
         if not eagle_head:
             raise ValueError("eagle on vLLM needs an EAGLE-3 head for the target (eagle_head=...; --eagle PATH_OR_HUB_ID)")
-        return {"method": "eagle3", "model": str(eagle_head),
-                "num_speculative_tokens": int(EAGLE_KNOBS[0].check(p["depth"]))}
+        depth = next(k for k in EAGLE_KNOBS if k.name == "depth")
+        return {"method": "eagle3", "model": str(eagle_head), "num_speculative_tokens": int(depth.check(p["depth"]))}
     if p.get("confidence"):
         raise ValueError(f"draft_model on vLLM drafts a fixed K tokens: confidence must be 0, got {p['confidence']}")
     if p.get("proposer", "model") != "model":
@@ -182,8 +190,10 @@ def server_configs(methods: list[str], params: dict[str, dict] | None = None, ta
     """
     model = default_target_folder(target)
     draft_folder = None
+    params = dict(params or {})
     if "draft_model" in methods:
         draft_folder = vllm_draft_folder(target, draft)
+        params["draft_model"] = _draft_params(target, draft, params.get("draft_model"))
     head = None
     if "eagle" in methods:
         from playground.engine import eagle_spec
@@ -191,6 +201,15 @@ def server_configs(methods: list[str], params: dict[str, dict] | None = None, ta
         head = eagle_spec(target, eagle)
     return [ServerConfig(m, model, speculative_config(m, (params or {}).get(m), draft_folder, head), dtype,
                          max_model_len, extra_args=tuple(extra_args)) for m in methods]
+
+
+def _draft_params(target: str, draft: str | None, given: dict | None) -> dict:
+    """draft_model's knobs: those given, else the draft's own ``draft_knobs.json`` (K), else the engine's."""
+    from playground.engine import default_draft_spec
+
+    spec = default_draft_spec(target, draft)
+    folder = spec if spec and Path(spec).is_dir() else None
+    return {**knob_defaults("draft_model", folder), **(given or {})}
 
 
 def vllm_draft_folder(target: str = "default", draft: str | None = None) -> str:
@@ -213,52 +232,72 @@ def vllm_draft_folder(target: str = "default", draft: str | None = None) -> str:
     return spec
 
 
+class ServeCommands(NamedTuple):
+    """What :func:`serve_commands` returns: run ``prepare`` here first, copy ``folders`` to the serving
+    machine, run each of ``commands`` there (each in its own terminal), then ``attach`` here."""
+
+    prepare: list[str]
+    commands: list[str]
+    attach: str
+    folders: list[str]
+
+
 def serve_commands(methods: list[str], params: dict[str, dict] | None = None, target: str = "default",
                    draft: str | None = None, eagle: str | None = None, port: int = 8000,
-                   host: str = "gpu-host") -> tuple[list[str], str, list[str]]:
+                   host: str = "gpu-host") -> ServeCommands:
     """How to run ``methods`` on vLLM servers of your own (a GPU machine), and attach the playground.
 
-    One ``vllm serve`` command per method on ports ``port``, ``port + 1``, ... with the method's
-    speculative config and the metrics the playground reads; no ``--dtype`` (vLLM's default, bfloat16
-    on a GPU, is what a deployment runs; the servers started here run float32 to compare token for
-    token with the built-in engine). The embedded default target is named by its hub id. Nothing is
-    written: a reduced-vocabulary draft is named by the folder its full-vocabulary export goes to
-    (written by ``python -m playground.backends.vllm.export_draft``, or by the first server started here).
-
-    Returns:
-        ``(commands, attach, folders)``: the shell-quoted ``vllm serve`` lines; the app command
-        that attaches to them (``--vllm-url NAME=http://HOST:PORT`` each); local draft or head
-        folders the commands name, to copy to the serving machine.
+    One ``vllm serve`` command per method (duplicates dropped) on ports ``port``, ``port + 1``, ...
+    with the method's speculative config and the metrics the playground reads. Several servers on one
+    GPU share it: each gets ``--gpu-memory-utilization`` 0.9 / n (vLLM's default, 0.92 each, stops the
+    second). No ``--dtype``: vLLM's default, bfloat16 on a GPU, is what a deployment runs (servers
+    started here run float32 to compare token for token with the built-in engine). The embedded
+    default target is named by its hub id, the model its GGUF was made from (the shipped draft and
+    head were trained and measured on the GGUF's weights). A reduced-vocabulary draft is named by its
+    full-vocabulary export's folder; when that is not written yet, ``prepare`` holds the command that
+    writes it. Local folders are given as absolute paths.
 
     Raises:
-        ValueError: an unsupported method or knob, or a draft or head missing (as :func:`server_configs`).
+        ValueError: no method, an unsupported method or knob, or a draft or head missing.
     """
-    from playground.engine import DEFAULT_HUB_ID, DEFAULT_TARGET, default_draft_spec, eagle_spec
+    from playground.engine import DEFAULT_HUB_ID, DEFAULT_TARGET, TOKEN_MAP_FILE, default_draft_spec, eagle_spec
 
-    model = DEFAULT_HUB_ID if target == DEFAULT_TARGET else target
-    folders, commands, urls = [], [], []
+    methods = list(dict.fromkeys(methods))
+    if not methods:
+        raise ValueError("no method to serve: name at least one, e.g. autoregressive,prompt_lookup")
+
+    def local(f: str) -> str:
+        return str(Path(f).resolve()) if Path(f).exists() else f
+
+    model = DEFAULT_HUB_ID if target == DEFAULT_TARGET else local(target)
+    prepare, folders, commands, urls = [], [model] if Path(model).is_dir() else [], [], []
+    share = [] if len(methods) == 1 else ["--gpu-memory-utilization", f"{0.9 / len(methods):.2f}"]
     for i, m in enumerate(methods):
         draft_folder = head = None
+        given = (params or {}).get(m)
         if m == "draft_model":
             spec = default_draft_spec(target, draft)
-            if spec and Path(spec).is_dir():
-                from playground.engine import TOKEN_MAP_FILE
+            given = _draft_params(target, draft, given)
+            draft_folder = local(spec) if spec else None
+            if spec and (Path(spec) / TOKEN_MAP_FILE).is_file():
+                from .export_draft import EXPORT_INFO_FILE, default_export_dir
 
-                from .export_draft import default_export_dir
-
-                draft_folder = str(default_export_dir(spec)) if (Path(spec) / TOKEN_MAP_FILE).is_file() else spec
-            else:
-                draft_folder = spec
+                draft_folder = str(default_export_dir(spec))
+                if not (Path(draft_folder) / EXPORT_INFO_FILE).is_file():
+                    prepare.append(shlex.join([".venv/bin/python", "-m", "playground.backends.vllm.export_draft",
+                                               "--draft", local(spec)]))
         if m == "eagle":
             head = eagle_spec(target, eagle)
-        config = speculative_config(m, (params or {}).get(m), draft_folder, head)
-        args = ["vllm", "serve", model, "--port", str(port + i), "--served-model-name", m, "--enable-per-request-metrics"]
+            head = local(head) if head else None
+        config = speculative_config(m, given, draft_folder, head)
+        args = ["vllm", "serve", model, "--port", str(port + i), "--served-model-name", m, *share,
+                "--enable-per-request-metrics"]
         if config:
             args += ["--per-request-spec-decode-metrics", "detailed",
                      "--speculative-config", json.dumps(config, separators=(",", ":"))]
-            folders += [f for f in (draft_folder, head) if f and (Path(f).is_absolute() or Path(f).is_dir())]
+            folders += [f for f in (draft_folder, head) if f and Path(f).is_absolute()]
         commands.append(shlex.join(args))
         urls += ["--vllm-url", f"{m}=http://{host}:{port + i}"]
     attach = shlex.join([".venv/bin/python", "app.py", *([] if target == DEFAULT_TARGET else ["--target", target]),
                          *urls])
-    return commands, attach, list(dict.fromkeys(folders))
+    return ServeCommands(prepare, commands, attach, list(dict.fromkeys(folders)))

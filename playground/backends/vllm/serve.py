@@ -13,8 +13,9 @@ from .server import ServerPool
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m playground.backends.vllm.serve NAME``: start one method's server on the
-    default target and keep it running (Ctrl-C stops it); prints its URL for ``--vllm-url``."""
+    """``python -m playground.backends.vllm.serve METHODS [--print]``: start the methods' servers on the
+    default target and keep them running (Ctrl-C stops them), printing their ``--vllm-url`` options; or,
+    with ``--print``, print how to run them on a machine of your own. Exit status 2 on a bad method list."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m playground.backends.vllm.serve",
@@ -24,20 +25,26 @@ def main(argv: list[str] | None = None) -> int:
                     help="print the vllm serve commands that run these methods on a machine of your own, and the "
                          "app command that attaches to them, instead of starting servers here")
     args = ap.parse_args(argv)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if args.print_only:
-        from .methods import serve_commands
+    methods = list(dict.fromkeys(m.strip() for m in args.methods.split(",") if m.strip()))
+    try:
+        if args.print_only:
+            from .methods import serve_commands
 
-        try:
-            commands, attach, folders = serve_commands(methods)
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        print("\n".join(commands + ["", "# where the playground runs:", attach]))
-        for f in folders:
-            print(f"# copy {f} to the serving machine (same path, or edit the command)")
+            plan = serve_commands(methods)
+        else:
+            configs = server_configs(methods)
+            if not configs:
+                raise ValueError("no method to serve: name at least one, e.g. autoregressive,prompt_lookup")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.print_only:
+        lines = [f"# here, first:\n{c}" for c in plan.prepare]
+        lines += [f"# copy {f} to the serving machine (same path, or edit the commands)" for f in plan.folders]
+        lines += ["# on the serving machine, each in its own terminal:", *plan.commands,
+                  "# where the playground runs:", plan.attach]
+        print("\n".join(lines))
         return 0
-    configs = server_configs(methods)
     pool = ServerPool(configs, progress=lambda f, m: print(m, file=sys.stderr, flush=True))
     with pool:
         for name, e in pool.endpoints.items():
