@@ -146,9 +146,10 @@ def test_advisor_describes_and_applies_the_sessions_models(panel):
     ticked = dict(zip(METHODS, apply(advice, key)))
     assert ticked["draft_model"] is True
     assert dict(zip(METHODS, apply(advice, models.cache.default_key)))["draft_model"] is False
-    ids = ("advisor-target-b", "advisor-draft-b", "advisor-loaded-draft", "advisor-loaded-medusa", "advisor-device")
+    ids = ("advisor-target-b", "advisor-draft-b", "advisor-loaded-draft", "advisor-loaded-medusa", "advisor-device",
+           "advisor-loaded-eagle")
     inputs = [next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == i) for i in ids]
-    assert follower(demo, models, inputs)(key) == (0.36, 0.18, True, True, "cpu")
+    assert follower(demo, models, inputs)(key) == (0.36, 0.18, True, True, "cpu", False)  # no EAGLE head loaded
     go = handler(demo, "advisor-go")
     md, adv, _ = go(0.36, 0.18, False, "chat", "default", "cpu", True, False, key)
     assert adv is not None and "Cannot advise" not in md
