@@ -261,3 +261,15 @@ def test_server_metrics_parse():
     assert t["accepted_per_pos"] == [63, 45, 38, 33, 29]
     assert t["mean_acceptance_length"] == pytest.approx(1 + 208 / 244)
     assert m["vllm:num_requests_running"] == 0 and m["vllm:request_success_total"] == 14
+
+
+def test_servers_started_together_share_one_gpu():
+    """On a CUDA GPU each of n servers started together gets 0.9 / n of its memory (one that sets its
+    own share keeps it); on a CPU, or with one server, the command lines are unchanged."""
+    configs = [S.ServerConfig("autoregressive", "/m"), S.ServerConfig("eagle", "/m"),
+               S.ServerConfig("draft_model", "/m", extra_args=("--gpu-memory-utilization", "0.5"))]
+    shared = S.share_gpu(configs, "cuda")
+    assert [c.extra_args for c in shared] == [("--gpu-memory-utilization", "0.30"),
+                                             ("--gpu-memory-utilization", "0.30"), ("--gpu-memory-utilization", "0.5")]
+    assert "--gpu-memory-utilization" in shared[0].argv("/py", "127.0.0.1", 8000)
+    assert S.share_gpu(configs, "cpu") == configs and S.share_gpu(configs[:1], "cuda") == configs[:1]

@@ -16,6 +16,7 @@ folder, and are stopped (SIGTERM to the group, SIGKILL after a grace period) by
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import os
 import signal
@@ -340,6 +341,18 @@ class VLLMServer:
             p.wait(5)
 
 
+def share_gpu(configs: list[ServerConfig], device: str) -> list[ServerConfig]:
+    """On a CUDA GPU, several servers started together share it: each without its own
+    ``--gpu-memory-utilization`` gets 0.9 / n (vLLM's default, 0.92 each, stops the second server at
+    start for lack of free memory). On a CPU the configs are returned as they are (the KV cache is set
+    by ``VLLM_CPU_KVCACHE_SPACE``)."""
+    if device != "cuda" or len(configs) < 2:
+        return list(configs)
+    share = ("--gpu-memory-utilization", f"{0.9 / len(configs):.2f}")
+    return [c if "--gpu-memory-utilization" in c.extra_args else
+            dataclasses.replace(c, extra_args=(*c.extra_args, *share)) for c in configs]
+
+
 def detect_device() -> str:
     """``cuda`` when ``nvidia-smi -L`` lists a GPU, else ``cpu`` (what scripts/setup_vllm.sh installs for)."""
     try:
@@ -381,7 +394,7 @@ class ServerPool:
         try:
             for name, url in self.attached.items():
                 self.endpoints[name] = attach(name, url)
-            self.servers = [VLLMServer(c) for c in self.configs]
+            self.servers = [VLLMServer(c) for c in share_gpu(self.configs, detect_device())]
             for s in self.servers:
                 s.start()
             for i, s in enumerate(self.servers):
