@@ -28,7 +28,7 @@ import shlex
 from pathlib import Path
 from typing import NamedTuple
 
-from .server import ServerConfig
+from .server import ServerConfig, gpu_share_args
 
 SUPPORTED = ("autoregressive", "prompt_lookup", "draft_model", "eagle")
 """Methods the vLLM backend can serve."""
@@ -271,7 +271,7 @@ def serve_commands(methods: list[str], params: dict[str, dict] | None = None, ta
 
     model = DEFAULT_HUB_ID if target == DEFAULT_TARGET else local(target)
     prepare, folders, commands, urls = [], [model] if Path(model).is_dir() else [], [], []
-    share = [] if len(methods) == 1 else ["--gpu-memory-utilization", f"{0.9 / len(methods):.2f}"]
+    share = gpu_share_args(len(methods))
     for i, m in enumerate(methods):
         draft_folder = head = None
         given = (params or {}).get(m)

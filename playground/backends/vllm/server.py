@@ -348,9 +348,14 @@ def share_gpu(configs: list[ServerConfig], device: str) -> list[ServerConfig]:
     by ``VLLM_CPU_KVCACHE_SPACE``)."""
     if device != "cuda" or len(configs) < 2:
         return list(configs)
-    share = ("--gpu-memory-utilization", f"{0.9 / len(configs):.2f}")
     return [c if "--gpu-memory-utilization" in c.extra_args else
-            dataclasses.replace(c, extra_args=(*c.extra_args, *share)) for c in configs]
+            dataclasses.replace(c, extra_args=(*c.extra_args, *gpu_share_args(len(configs)))) for c in configs]
+
+
+def gpu_share_args(n: int) -> tuple[str, ...]:
+    """``vllm serve`` arguments that give each of ``n`` servers on one GPU its share of the memory
+    (0.9 / n; none for one server, which keeps vLLM's default)."""
+    return () if n < 2 else ("--gpu-memory-utilization", f"{0.9 / n:.2f}")
 
 
 def detect_device() -> str:
@@ -394,7 +399,8 @@ class ServerPool:
         try:
             for name, url in self.attached.items():
                 self.endpoints[name] = attach(name, url)
-            self.servers = [VLLMServer(c) for c in share_gpu(self.configs, detect_device())]
+            device = detect_device()
+            self.servers = [VLLMServer(c, device=device) for c in share_gpu(self.configs, device)]
             for s in self.servers:
                 s.start()
             for i, s in enumerate(self.servers):
