@@ -25,7 +25,7 @@ from playground.engine import K_PRESETS, LOOKAHEAD_PRESETS, MAX_SPECULATIVE_TOKE
 from playground.engine import AUTO_TREE, METHODS
 from playground.advisor_figures import MEASURED, DraftMeasurement, measure_draft, measured_speedups  # noqa: F401
 from playground.advisor_figures import describe_figure as _describe, fallback_verify_record, figure as _fig
-from playground.advisor_figures import fastest_measured
+from playground.advisor_figures import fastest_measured, fastest_variant
 from playground.advisor_deploy import deployment
 from playground.advisor_rules import (ASSUMED_ALPHA, ASSUMED_DRAFT_COST, COPY_TASKS, CPU_ISAS,  # noqa: F401
                                       DRAFT_RATIO_RANGE, DRAFT_SIZE_EXAMPLES_B, EAGLE_TRAIN_COMMAND, MAX_TARGET_B,
@@ -309,7 +309,8 @@ def advise(s: Situation, verify_cost=None) -> Advice:
 
     Steps: 1. choose the primary method (a loaded draft, Medusa heads or EAGLE-3 head first, then
     EAGLE-3 on a GPU when training is acceptable, draft model / Medusa / Lookahead / prompt lookup;
-    then what this page's run, or the project's figures, measured fastest); 2. add prompt lookup for
+    then what this page's run, or the project's figures, measured fastest; before a run, the mixture
+    takes the members of its fastest measured variant when they are loaded); 2. add prompt lookup for
     copy-heavy tasks; 3. set K (the loaded draft's own K, else by appetite, on a CPU at most the verify
     cost's best K); 4. size Lookahead by the model; 5. Medusa keeps exact acceptance (no threshold
     knobs); 6. on a CPU, note where measurements disagree; 7. say whether the first choice deploys on
@@ -369,6 +370,15 @@ def advise(s: Situation, verify_cost=None) -> Advice:
     if best is not None and best != primary:
         extra = [primary] + [m for m in extra if m != best]
         primary = best
+    if figs and primary == "mixture":  # a measured variant (EAGLE-3 as a member) beats its defaults
+        variant = fastest_variant(s.cpu_isa, "mixture", s.can_run)
+        if variant is not None:
+            name, fig = variant
+            params["mixture"] = dict(fig["params"])
+            members = ", ".join(_name({"eagle": "EAGLE-3"}, m) for m in fig["params"].get("members", "").split(","))
+            reasons.append(("measured_figures", f"on {fig['machine']} the mixture of {members} measured "
+                                                f"{fig['speedup']:.2f}x against {_fig(s.cpu_isa, 'mixture')['speedup']:.2f}x at its "
+                                                "defaults: those members"))
     methods = ["autoregressive", primary, *extra]
     # 2. Copy-heavy tasks.
     if s.task in COPY_TASKS:

@@ -119,3 +119,24 @@ def fastest_measured(isa: str | None, available) -> list[tuple[str, dict]]:
     ``available``, fastest first: ``[(method, figure), ...]`` (empty when there are none)."""
     figs = [(m, f) for m, f in MEASURED.get(isa, {}).items() if m in available]
     return sorted(figs, key=lambda mf: -mf[1]["speedup"])
+
+
+def fastest_variant(isa: str | None, method: str, can_run) -> tuple[str, dict] | None:
+    """The fastest measured variant of ``method`` (a record ``method:knob=value``, e.g. the mixture with
+    EAGLE-3 as a member) on CPUs with instruction set ``isa`` that measured faster than ``method`` at its
+    defaults and whose mixture members ``can_run(member)`` allows: ``(record name, figure)``, or None.
+    The figure's ``params`` are the knob values to set."""
+    plain = figure(isa, method)
+    if plain is None:
+        return None
+    best = None
+    for name, fig in MEASURED.get(isa, {}).items():
+        if not name.startswith(method + ":") or fig["speedup"] <= plain["speedup"]:
+            continue
+        members = str((fig.get("params") or {}).get("members", "")).split(",")
+        if not all(can_run(m) for m in members if m):
+            continue
+        if best is None or fig["speedup"] > best[1]["speedup"]:
+            best = (name, fig)
+    return best
+

@@ -254,6 +254,43 @@ def test_loaded_eagle_on_a_cpu_follows_the_measurements():
     assert dict(adv.reasons)["loaded_eagle"].endswith("compare with the draft")
 
 
+def test_a_measured_mixture_variant_sets_the_members_when_they_can_run():
+    """Before a run on a CPU, where the project measured the mixture with EAGLE-3 as a member faster than
+    the mixture at its defaults, the advice sets those members (rule measured_figures, both figures
+    named, members in words) when an EAGLE-3 head is loaded, and leaves the default members otherwise;
+    Apply sets the Members knob to them."""
+    from playground.advisor_figures import MEASURED, fastest_variant
+    from playground.engine import METHODS
+    from playground.ui.advisor_tab import apply_values
+
+    for isa in ("avx512", "avx2"):
+        figs = MEASURED[isa]
+        variants = [m for m in figs if m.startswith("mixture:") and figs[m]["speedup"] > figs["mixture"]["speedup"]]
+        assert variants, isa  # the measurements file holds the variant, faster there
+        fig = figs[max(variants, key=lambda m: figs[m]["speedup"])]
+        adv = advisor.advise(advisor.Situation(**DEFAULT, device="cpu", eagle_loaded=True, cpu_isa=isa))
+        assert adv.primary == "mixture" and adv.params["mixture"] == fig["params"]
+        text = [t for r, t in adv.reasons if r == "measured_figures"][-1]
+        assert f"{fig['speedup']:.2f}x against {figs['mixture']['speedup']:.2f}x" in text and "EAGLE-3" in text
+        assert "prompt_lookup" not in text and "prompt lookup" in text
+        adv = advisor.advise(advisor.Situation(**DEFAULT, device="cpu", cpu_isa=isa))
+        assert adv.primary == "mixture" and "mixture" not in adv.params
+        assert fastest_variant(isa, "mixture", lambda m: m != "eagle") is None
+    # After a run on the page, that run decides: no variant from the file.
+    adv = advisor.advise(advisor.Situation(**DEFAULT, device="cpu", eagle_loaded=True, cpu_isa="avx512",
+                                           run_speedups={"mixture": 1.3, "eagle": 1.2}))
+    assert adv.primary == "mixture" and "mixture" not in adv.params
+
+    class Engine:
+        def unavailable_reason(self, method):
+            return None
+
+    adv = advisor.advise(advisor.Situation(**DEFAULT, device="cpu", eagle_loaded=True, cpu_isa="avx512"))
+    out = apply_values(Engine(), {"methods": adv.methods, "params": adv.params, "primary": adv.primary},
+                       [("mixture", "members")])
+    assert out[list(METHODS).index("mixture")] is True and out[len(METHODS)] == adv.params["mixture"]["members"]
+
+
 # ----- deploying on vLLM -------------------------------------------------------------------------
 @pytest.fixture
 def vllm_serves(monkeypatch):
