@@ -26,7 +26,7 @@ from playground.engine import AUTO_TREE, METHODS
 from playground.advisor_figures import MEASURED, DraftMeasurement, measure_draft, measured_speedups  # noqa: F401
 from playground.advisor_figures import describe_figure as _describe, fallback_verify_record, figure as _fig
 from playground.advisor_figures import fastest_measured, fastest_variant
-from playground.advisor_deploy import deployment
+from playground.advisor_deploy import deployment, in_words
 from playground.advisor_rules import (ASSUMED_ALPHA, ASSUMED_DRAFT_COST, COPY_TASKS, CPU_ISAS,  # noqa: F401
                                       DRAFT_RATIO_RANGE, DRAFT_SIZE_EXAMPLES_B, EAGLE_TRAIN_COMMAND, MAX_TARGET_B,
                                       MIN_TARGET_FOR_DRAFT_B, RULES, TASKS, Rule, loaded_choice, rules_choice)
@@ -243,7 +243,7 @@ def _spec_bench_notes(s: Situation, methods: list[str]) -> list[str]:
         some = next(iter(figs.values()))
         setup = setup or some
         parts.append(f"On {some['machine']}, fastest first: " + ", ".join(
-            f"{_name(names, m)} {_describe(m, f)}" for m, f in sorted(figs.items(), key=lambda mf: -mf[1]["speedup"])))
+            f"{in_words(m, names)} {_describe(m, f)}" for m, f in sorted(figs.items(), key=lambda mf: -mf[1]["speedup"])))
         lossless &= all(f.get("lossless") for f in figs.values())
     if not parts:
         return []
@@ -257,20 +257,10 @@ def _spec_bench_notes(s: Situation, methods: list[str]) -> list[str]:
         best = max(sorted(figs, key=lambda m: ":" in m), key=lambda m: (":" not in m, figs[m]["speedup"]))
         what = "AVX-512" if s.cpu_isa == "avx512" else "AVX2 but no AVX-512"
         shown = [m for m in methods if m in figs and m != best]
-        tail = "".join(f"; {_name(names, m)} {figs[m]['speedup']:.2f}x" for m in shown)
-        notes.append(f"This CPU has {what}, like {figs[best]['machine']}, where {_name(names, best)} measured "
+        tail = "".join(f"; {in_words(m, names)} {figs[m]['speedup']:.2f}x" for m in shown)
+        notes.append(f"This CPU has {what}, like {figs[best]['machine']}, where {in_words(best, names)} measured "
                      f"fastest ({figs[best]['speedup']:.2f}x){tail}.")
     return notes
-
-
-def _name(names: dict[str, str], method: str) -> str:
-    """A method in a sentence: its entry in ``names``, else its label in lower case (``suffix decoding``);
-    a measured variant ``name:knob=value`` in words, ``name (knob value)``."""
-    if ":" in method:
-        base, _, knobs = method.partition(":")
-        return f"{_name(names, base)} ({knobs.replace('+', ', ').replace(';', ', ').replace('=', ' ').replace('_', ' ')})"
-    label = METHODS[method].label if method in METHODS else method.replace("_", " ")
-    return names.get(method) or (label[0].lower() + label[1:] if label[1:2].islower() else label)
 
 
 def _cpu_notes(s: Situation, primary: str, methods: list[str], k: int | None, params: dict,
@@ -375,7 +365,7 @@ def advise(s: Situation, verify_cost=None) -> Advice:
         if variant is not None:
             name, fig = variant
             params["mixture"] = dict(fig["params"])
-            members = ", ".join(_name({"eagle": "EAGLE-3"}, m) for m in fig["params"].get("members", "").split(","))
+            members = ", ".join(in_words(m) for m in fig["params"].get("members", "").split(","))
             reasons.append(("measured_figures", f"on {fig['machine']} the mixture of {members} measured "
                                                 f"{fig['speedup']:.2f}x against {_fig(s.cpu_isa, 'mixture')['speedup']:.2f}x at its "
                                                 "defaults: those members"))

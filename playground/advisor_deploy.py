@@ -32,8 +32,15 @@ def serving_reason(method: str) -> str | None:
     return vllm_methods.unsupported_reason(method)
 
 
-def _label(method: str) -> str:
-    """A method in a sentence: its label, lower case where it is not a name (``prompt lookup``, ``Medusa``)."""
+def in_words(method: str, names: dict[str, str] | None = None) -> str:
+    """A method in a sentence: its entry in ``names``, else its label, lower case where it is not a name
+    (``prompt lookup``, ``suffix decoding``; ``Medusa``, ``EAGLE-3`` stay); a measured variant
+    ``name:knob=value`` in words, ``name (knob value)``."""
+    if ":" in method:
+        base, _, knobs = method.partition(":")
+        return f"{in_words(base, names)} ({knobs.replace('+', ', ').replace(';', ', ').replace('=', ' ').replace('_', ' ')})"
+    if names and method in names:
+        return names[method]
     label = METHODS[method].label if method in METHODS else method.replace("_", " ")
     common = label[1:2].islower() and label.split()[0] not in ("Medusa", "Lookahead")
     return label[0].lower() + label[1:] if common else label
@@ -70,7 +77,7 @@ def deployment(primary: str, methods: list[str], speeds: dict[str, tuple[float, 
         the sentence (in words; vLLM's method names and the backend's reason as they are) and the method
         to serve on vLLM (``primary`` when served), or None when none of them is served. Never raises.
     """
-    label = _label(primary)
+    label = in_words(primary)
     why = serving_reason(primary)
     if why is None:
         return f"The vLLM backend serves {label}: {_served_as(primary, eagle_loaded)}.", primary
@@ -82,6 +89,6 @@ def deployment(primary: str, methods: list[str], speeds: dict[str, tuple[float, 
     if best is None:
         return f"{head} It serves none of the other methods advised or measured here: on vLLM, serve the " \
                "target without speculation.", None
-    which = (f"the fastest it serves is {_label(best)} ({speeds[best][0]:.2f}x {speeds[best][1]})" if best in speeds
-             else f"the first it serves is {_label(best)} (not measured here)")
+    which = (f"the fastest it serves is {in_words(best)} ({speeds[best][0]:.2f}x {speeds[best][1]})" if best in speeds
+             else f"the first it serves is {in_words(best)} (not measured here)")
     return f"{head} Of the methods advised or measured here, {which}: {_served_as(best, eagle_loaded)}.", best
