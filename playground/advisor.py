@@ -235,7 +235,7 @@ def _spec_bench_notes(s: Situation, methods: list[str]) -> list[str]:
     isas = sorted(MEASURED, key=lambda isa: (isa != s.cpu_isa, str(isa)))
     parts, lossless, setup = [], True, None
     names = {"draft_model": "the shipped distilled draft", "medusa": "Medusa with the shipped heads",
-             "eagle": "EAGLE-3 with the shipped head", "lookahead": "Lookahead", "prompt_lookup": "prompt lookup"}
+             "eagle": "EAGLE-3 with the head shipped at the time", "lookahead": "Lookahead", "prompt_lookup": "prompt lookup"}
     for isa in isas:
         figs = MEASURED[isa]
         if not figs:
@@ -258,8 +258,9 @@ def _spec_bench_notes(s: Situation, methods: list[str]) -> list[str]:
         what = "AVX-512" if s.cpu_isa == "avx512" else "AVX2 but no AVX-512"
         shown = [m for m in methods if m in figs and m != best]
         tail = "".join(f"; {in_words(m, names)} {figs[m]['speedup']:.2f}x" for m in shown)
+        defaults = " at its defaults" if any(m.startswith(best + ":") for m in figs) else ""
         notes.append(f"This CPU has {what}, like {figs[best]['machine']}, where {in_words(best, names)} measured "
-                     f"fastest ({figs[best]['speedup']:.2f}x){tail}.")
+                     f"fastest{defaults} ({figs[best]['speedup']:.2f}x){tail}.")
     return notes
 
 
@@ -363,12 +364,12 @@ def advise(s: Situation, verify_cost=None) -> Advice:
     if figs and primary == "mixture":  # a measured variant (EAGLE-3 as a member) beats its defaults
         variant = fastest_variant(s.cpu_isa, "mixture", s.can_run)
         if variant is not None:
-            name, fig = variant
-            params["mixture"] = dict(fig["params"])
-            members = ", ".join(in_words(m) for m in fig["params"].get("members", "").split(","))
-            reasons.append(("measured_figures", f"on {fig['machine']} the mixture of {members} measured "
-                                                f"{fig['speedup']:.2f}x against {_fig(s.cpu_isa, 'mixture')['speedup']:.2f}x at its "
-                                                "defaults: those members"))
+            fig = variant[1]
+            params["mixture"] = {"members": fig["params"]["members"]}
+            members = ", ".join(in_words(m) for m in params["mixture"]["members"].split(","))
+            reasons.append(("measured_variant", f"on {fig['machine']} the mixture of {members} measured "
+                                                f"{fig['speedup']:.2f}x against {_fig(s.cpu_isa, 'mixture')['speedup']:.2f}x "
+                                                "at its defaults: those members"))
     methods = ["autoregressive", primary, *extra]
     # 2. Copy-heavy tasks.
     if s.task in COPY_TASKS:

@@ -38,7 +38,12 @@ def in_words(method: str, names: dict[str, str] | None = None) -> str:
     ``name:knob=value`` in words, ``name (knob value)``."""
     if ":" in method:
         base, _, knobs = method.partition(":")
-        return f"{in_words(base, names)} ({knobs.replace('+', ', ').replace(';', ', ').replace('=', ' ').replace('_', ' ')})"
+        words = []
+        for knob in knobs.split(";"):
+            name, _, value = knob.partition("=")
+            value = ", ".join(in_words(m) for m in value.split("+")) if name == "members" else value.replace("+", ", ")
+            words.append(f"{name.replace('_', ' ')} {value.replace('_', ' ')}")
+        return f"{in_words(base, names)} ({', '.join(words)})"
     if names and method in names:
         return names[method]
     label = METHODS[method].label if method in METHODS else method.replace("_", " ")

@@ -125,7 +125,7 @@ def fastest_variant(isa: str | None, method: str, can_run) -> tuple[str, dict] |
     """The fastest measured variant of ``method`` (a record ``method:knob=value``, e.g. the mixture with
     EAGLE-3 as a member) on CPUs with instruction set ``isa`` that measured faster than ``method`` at its
     defaults and whose mixture members ``can_run(member)`` allows: ``(record name, figure)``, or None.
-    The figure's ``params`` are the knob values to set."""
+    Only variants that set ``members`` count; the figure's ``params`` are the knob values to set."""
     plain = figure(isa, method)
     if plain is None:
         return None
@@ -133,10 +133,9 @@ def fastest_variant(isa: str | None, method: str, can_run) -> tuple[str, dict] |
     for name, fig in MEASURED.get(isa, {}).items():
         if not name.startswith(method + ":") or fig["speedup"] <= plain["speedup"]:
             continue
-        members = str((fig.get("params") or {}).get("members", "")).split(",")
-        if not all(can_run(m) for m in members if m):
-            continue
+        members = (fig.get("params") or {}).get("members")
+        if not isinstance(members, str) or not members or not all(can_run(m) for m in members.split(",")):
+            continue  # only variants of the members, all of them runnable here
         if best is None or fig["speedup"] > best[1]["speedup"]:
             best = (name, fig)
     return best
-

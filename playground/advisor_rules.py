@@ -81,6 +81,10 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("measured_figures", "Before a run on this page, for the embedded default model on a CPU like one the "
          "project measured (Spec-Bench), the method that measured fastest there comes first.",
          "project measurements"),
+    Rule("measured_variant", "Before a run on this page, where the project also measured a method with other "
+         "settings (the mixture with an EAGLE-3 head among its members) and those ran faster than its defaults "
+         "on a CPU like this one, the advice sets them, when the loaded models can run every member.",
+         "project measurements"),
 )}
 """The advisor's rules, by id."""
 

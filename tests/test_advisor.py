@@ -172,7 +172,7 @@ def test_measured_figures_put_the_fastest_measured_method_first():
         assert adv.primary == best and "measured_figures" in adv.rule_ids(), isa
         assert {"draft_model", "medusa"} <= set(adv.methods)
         note = next(n for n in adv.measured_notes if n.startswith("This CPU has"))
-        assert f"measured fastest ({figs[best]['speedup']:.2f}x)" in note
+        assert re.search(rf"measured fastest( at its defaults)? \({figs[best]['speedup']:.2f}x\)", note)
         listed = next(n for n in adv.measured_notes if n.startswith("Spec-Bench"))
         speeds = [float(x) for x in re.findall(r" (\d\.\d+)x", listed.split("fastest first: ")[1].split(". On")[0])]
         assert speeds == sorted(speeds, reverse=True)
@@ -254,9 +254,9 @@ def test_loaded_eagle_on_a_cpu_follows_the_measurements():
     assert dict(adv.reasons)["loaded_eagle"].endswith("compare with the draft")
 
 
-def test_a_measured_mixture_variant_sets_the_members_when_they_can_run():
+def test_a_measured_mixture_variant_sets_the_members_when_they_can_run(monkeypatch):
     """Before a run on a CPU, where the project measured the mixture with EAGLE-3 as a member faster than
-    the mixture at its defaults, the advice sets those members (rule measured_figures, both figures
+    the mixture at its defaults, the advice sets those members (rule measured_variant, both figures
     named, members in words) when an EAGLE-3 head is loaded, and leaves the default members otherwise;
     Apply sets the Members knob to them."""
     from playground.advisor_figures import MEASURED, fastest_variant
@@ -270,12 +270,23 @@ def test_a_measured_mixture_variant_sets_the_members_when_they_can_run():
         fig = figs[max(variants, key=lambda m: figs[m]["speedup"])]
         adv = advisor.advise(advisor.Situation(**DEFAULT, device="cpu", eagle_loaded=True, cpu_isa=isa))
         assert adv.primary == "mixture" and adv.params["mixture"] == fig["params"]
-        text = [t for r, t in adv.reasons if r == "measured_figures"][-1]
+        text = dict(adv.reasons)["measured_variant"]
         assert f"{fig['speedup']:.2f}x against {figs['mixture']['speedup']:.2f}x" in text and "EAGLE-3" in text
         assert "prompt_lookup" not in text and "prompt lookup" in text
         adv = advisor.advise(advisor.Situation(**DEFAULT, device="cpu", cpu_isa=isa))
         assert adv.primary == "mixture" and "mixture" not in adv.params
         assert fastest_variant(isa, "mixture", lambda m: m != "eagle") is None
+    # Without REST (no datastore) among what can run, the variant is declined; a faster variant that sets no
+    # members (or has no params) is not a variant of the members.
+    avail = tuple(m for m in METHODS if m != "rest")
+    adv = advisor.advise(advisor.Situation(**DEFAULT, device="cpu", eagle_loaded=True, cpu_isa="avx512", available=avail))
+    assert adv.primary == "mixture" and "mixture" not in adv.params
+    base = MEASURED["avx512"]["mixture"]
+    monkeypatch.setitem(MEASURED["avx512"], "mixture:budget=off", {**base, "speedup": 9.0, "params": {"budget": "off"}})
+    monkeypatch.setitem(MEASURED["avx512"], "mixture:odd", {k: v for k, v in base.items() if k != "params"} | {"speedup": 9.5})
+    adv = advisor.advise(advisor.Situation(**DEFAULT, device="cpu", eagle_loaded=True, cpu_isa="avx512"))
+    assert adv.params["mixture"] == {"members": "eagle,rest,suffix,prompt_lookup"}
+    monkeypatch.undo()
     # After a run on the page, that run decides: no variant from the file.
     adv = advisor.advise(advisor.Situation(**DEFAULT, device="cpu", eagle_loaded=True, cpu_isa="avx512",
                                            run_speedups={"mixture": 1.3, "eagle": 1.2}))

@@ -66,6 +66,7 @@ RULE_TITLES = {
     "lookahead_size": "Lookahead's window by model size", "medusa_threshold": "Medusa's typical acceptance",
     "medusa_tree": "Medusa's tree", "measured_run": "What this page measured",
     "loaded_eagle": "An EAGLE-3 head is loaded", "eagle_head": "EAGLE-3 first on a GPU",
+    "measured_figures": "What the project measured", "measured_variant": "Settings the project measured faster",
 }
 """The page's title of each advisor rule (the rules' ids are internal)."""
 
