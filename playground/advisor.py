@@ -362,9 +362,8 @@ def advise(s: Situation, verify_cost=None) -> Advice:
         extra = [primary] + [m for m in extra if m != best]
         primary = best
     if figs and primary == "mixture":  # a measured variant (EAGLE-3 as a member) beats its defaults
-        variant = fastest_variant(s.cpu_isa, "mixture", s.can_run)
-        if variant is not None:
-            fig = variant[1]
+        fig = fastest_variant(s.cpu_isa, "mixture", s.can_run)
+        if fig is not None:
             params["mixture"] = {"members": fig["params"]["members"]}
             members = ", ".join(in_words(m) for m in params["mixture"]["members"].split(","))
             reasons.append(("measured_variant", f"on {fig['machine']} the mixture of {members} measured "

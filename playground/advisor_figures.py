@@ -121,10 +121,10 @@ def fastest_measured(isa: str | None, available) -> list[tuple[str, dict]]:
     return sorted(figs, key=lambda mf: -mf[1]["speedup"])
 
 
-def fastest_variant(isa: str | None, method: str, can_run) -> tuple[str, dict] | None:
+def fastest_variant(isa: str | None, method: str, can_run) -> dict | None:
     """The fastest measured variant of ``method`` (a record ``method:knob=value``, e.g. the mixture with
     EAGLE-3 as a member) on CPUs with instruction set ``isa`` that measured faster than ``method`` at its
-    defaults and whose mixture members ``can_run(member)`` allows: ``(record name, figure)``, or None.
+    defaults and whose mixture members ``can_run(member)`` allows: its figure, or None.
     Only variants that set ``members`` count; the figure's ``params`` are the knob values to set."""
     plain = figure(isa, method)
     if plain is None:
@@ -136,6 +136,6 @@ def fastest_variant(isa: str | None, method: str, can_run) -> tuple[str, dict] |
         members = (fig.get("params") or {}).get("members")
         if not isinstance(members, str) or not members or not all(can_run(m) for m in members.split(",")):
             continue  # only variants of the members, all of them runnable here
-        if best is None or fig["speedup"] > best[1]["speedup"]:
-            best = (name, fig)
+        if best is None or fig["speedup"] > best["speedup"]:
+            best = fig
     return best

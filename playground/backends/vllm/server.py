@@ -348,8 +348,9 @@ def share_gpu(configs: list[ServerConfig], device: str) -> list[ServerConfig]:
     by ``VLLM_CPU_KVCACHE_SPACE``)."""
     if device != "cuda" or len(configs) < 2:
         return list(configs)
+    share = gpu_share_args(len(configs))
     return [c if "--gpu-memory-utilization" in c.extra_args else
-            dataclasses.replace(c, extra_args=(*c.extra_args, *gpu_share_args(len(configs)))) for c in configs]
+            dataclasses.replace(c, extra_args=(*c.extra_args, *share)) for c in configs]
 
 
 def gpu_share_args(n: int) -> tuple[str, ...]:
