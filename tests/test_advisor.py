@@ -230,8 +230,8 @@ def test_rule_eagle_head_puts_eagle_first_on_a_gpu():
 def test_loaded_eagle_on_a_cpu_follows_the_measurements():
     """On a CPU a loaded EAGLE-3 head is compared with the loaded draft and Medusa heads; where the project
     measured it faster on a CPU like this one it comes first among them (rule loaded_eagle), and before a
-    run the fastest measured method of all still decides (rule measured_figures: mixture 1.53x over
-    EAGLE-3 1.43x on the AVX-512 machine when those figures were taken). With no figure for this CPU
+    run the fastest measured method of all still decides (rule measured_figures: mixture 1.52x over
+    EAGLE-3 1.42x on the AVX-512 machine when those figures were taken). With no figure for this CPU
     the draft keeps its place."""
     from playground.advisor_figures import MEASURED
 
