@@ -60,6 +60,8 @@ def test_cli_rejects_bad_input_before_loading_a_model(tmp_path, capsys):
     assert "--json: no folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # --records needs at least one file
         main(["--records"])
+    with pytest.raises(SystemExit):  # the target's dtype is one the engine loads
+        main(["--dtype", "float64"])
 
 
 @pytest.mark.real_model

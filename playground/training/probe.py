@@ -149,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int_at_least(1), default=64, help="answer length (when answered here)")
     p.add_argument("--steps", type=int_at_least(1), default=4, help="unrolled depths")
     p.add_argument("--device", default="cpu", help="device of the target and the head: cpu, auto, cuda, cuda:N, mps")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="the target's dtype: float32 as the benchmark decodes on a CPU; bfloat16 as the "
+                        "trainer's teacher reads features (the head itself runs in float32 either way)")
     p.add_argument("--threads", type=int_at_least(0), default=0, help="torch threads (0: torch's default)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     return p
@@ -177,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no shipped EAGLE head for target {args.target!r}: give --head", file=sys.stderr)
         return 2
     try:
-        engine = Engine.load(args.target, device=args.device, dtype="float32", methods=["autoregressive"],
+        engine = Engine.load(args.target, device=args.device, dtype=args.dtype, methods=["autoregressive"],
                              eagle="none")
         # The figures are the float32 head's (beside a float32 target on a CPU the engine's own copy
         # reads int8 weights, which moves its logits by a few per cent): load it plain, then check it
@@ -222,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[probe] the head's recipe, held out: top-1 {h.get('top1_per_depth')}, "
               f"{h.get('expected_tokens_per_chain_step')} tokens a chain step")
     if args.json:
-        args.json.write_text(json.dumps({"head": str(head_spec), "questions": args.questions, "result": result},
-                                        indent=1))
+        figures = {"head": str(head_spec), "questions": args.questions, "dtype": args.dtype, "result": result}
+        args.json.write_text(json.dumps(figures, indent=1))
     return 0
 
 
