@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from playground.engine import DTYPE_CHOICES
 from playground.training.cli import HelpFormatter, int_at_least
 
 
@@ -149,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int_at_least(1), default=64, help="answer length (when answered here)")
     p.add_argument("--steps", type=int_at_least(1), default=4, help="unrolled depths")
     p.add_argument("--device", default="cpu", help="device of the target and the head: cpu, auto, cuda, cuda:N, mps")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+    p.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
                    help="the target's dtype: float32 as the benchmark decodes on a CPU; bfloat16 as the "
                         "trainer's teacher reads features (the head itself runs in float32 either way)")
     p.add_argument("--threads", type=int_at_least(0), default=0, help="torch threads (0: torch's default)")
