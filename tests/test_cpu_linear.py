@@ -32,7 +32,7 @@ def always_packed(request, monkeypatch):
     else:
         monkeypatch.setattr(cpu_linear, "ROW_TIMING", False)
     if request.param == "mkl" and cpu_linear.mkl_packed_available():
-        def every_count(layers, rounds=8):
+        def every_count(layers, rounds=8, step_time=None):
             for layer in layers:
                 if layer.weight.numel() < cpu_linear.PACKED_MIN:
                     layer.set_mkl_rows(cpu_linear.MKL_ROWS)
@@ -137,6 +137,39 @@ def test_mkl_packs_serve_padded_row_counts(monkeypatch):
     pack_linear_layers(model)
     assert list(cpu_linear._MKL_ROWS.values()) == [()]
     assert not any(m._mkl_packs for m in model.modules() if isinstance(m, PackedLinear))
+
+
+def test_mkl_packs_chosen_by_whole_forwards(monkeypatch):
+    """With a step timer, MKL's copies are kept for the counts where whole forwards with them are
+    faster, up to the first count where they are not; the timer steps a real model (its cache back
+    to the context after each pass, logits unchanged) and is None for what it cannot step."""
+    from playground.engine.forward_timer import forward_timer
+
+    model = tiny_llama(0, vocab_size=96, hidden_size=64, intermediate_size=128)
+    ids = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        before = model(ids).logits
+    timer = forward_timer(model, context=16)
+    assert timer is not None
+    assert all(timer(rows) > 0 for rows in (1, 4, 8, 4))
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, before)
+    assert forward_timer(torch.nn.Sequential(torch.nn.Linear(4, 4))) is None
+    if not cpu_linear.mkl_packed_available():
+        return
+    layers = [PackedLinear.from_linear(torch.nn.Linear(64, 48)) for _ in range(3)]
+    seen = []
+
+    def step_time(rows):  # MKL's copies win at 4 rows only
+        serving = all(len(layer._mkl_route) > rows and layer._mkl_route[rows] for layer in layers)
+        seen.append((rows, serving))
+        return 1.0 if serving and rows == 4 else 1.5
+
+    monkeypatch.setattr(cpu_linear, "_MKL_ROWS", {})
+    cpu_linear.choose_mkl_packs(layers, rounds=4, step_time=step_time)
+    assert {r for r, _ in seen} == {4, 6} and {s for _, s in seen} == {True, False}
+    assert all(tuple(layer._mkl_packs) == (4,) for layer in layers)
+    assert all(layer._mkl_route[4] == 4 for layer in layers)  # restored after the timing
 
 
 def test_tied_output_layer_stays_tied():

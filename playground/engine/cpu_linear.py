@@ -190,7 +190,11 @@ def pack_linear_layers(model: nn.Module) -> int:
         return 0
     packed = [getattr(parent, name) for parent, name, _ in swapped]
     choose_row_paths(packed)
-    choose_mkl_packs(packed)
+    timer = None
+    if mkl_packed_available() and any(layer.weight.numel() < PACKED_MIN for layer in packed):
+        from .forward_timer import forward_timer
+        timer = forward_timer(model)
+    choose_mkl_packs(packed, step_time=timer)
     return len(swapped)
 
 
@@ -251,7 +255,7 @@ _MKL_ROWS: dict[tuple, tuple[int, ...]] = {}
 
 
 @torch.inference_mode()
-def choose_mkl_packs(layers: list["PackedLinear"], rounds: int = 8) -> None:
+def choose_mkl_packs(layers: list["PackedLinear"], rounds: int = 8, step_time=None) -> None:
     """Give the small layers (under :data:`PACKED_MIN` weights) MKL-packed copies of their weights
     for the counts of :data:`MKL_ROWS` where those beat oneDNN's packed weights on this CPU.
 
@@ -268,7 +272,10 @@ def choose_mkl_packs(layers: list["PackedLinear"], rounds: int = 8) -> None:
     ms through MKL's packed weights against 22.2 / 23.6 / 26.2 ms through oneDNN's; whole decoding
     steps over 4 / 5 / 6 / 7 / 8 tokens (5 and 7 padded) took 40.2 / 42.9 / 43.6 / 46.0 / 45.4 ms
     against 43.6 / 45.1 / 47.1 / 49.9 / 50.2 ms (a plain step 33.3 ms). Does nothing without MKL's
-    packed ops, without :data:`ROW_TIMING`, or when ``PLAYGROUND_ONEDNN=0``.
+    packed ops, without :data:`ROW_TIMING`, or when ``PLAYGROUND_ONEDNN=0``. With ``step_time``
+    (``rows -> seconds`` of one forward of the whole model, :func:`.forward_timer.forward_timer`)
+    whole forwards with and without the copies are compared instead (lower quartiles, alternated):
+    the sweeps misjudged four rows there (see :mod:`.forward_timer`).
     """
     small = [layer for layer in layers if layer.weight.numel() < PACKED_MIN]
     if not small or not MKL_ROWS or not mkl_packed_available() or not ROW_TIMING:
@@ -284,16 +291,36 @@ def choose_mkl_packs(layers: list["PackedLinear"], rounds: int = 8) -> None:
                 break
             for layer in todo:
                 layer.set_mkl_rows((*kept, r))
-            paths = {"mkl": lambda layer, x, r=r: layer._mkl_forward(x, r),
-                     "packed": lambda layer, x: layer._packed_forward(x)}
-            times = _time_sweeps(layers, {id(layer) for layer in todo}, lambda layer: "all", r, rounds, paths)
-            if statistics.median(times["mkl"]["all"]) >= statistics.median(times["packed"]["all"]):
+            if step_time is not None:
+                mkl_s, packed_s = _time_steps(todo, step_time, r, rounds)
+            else:
+                paths = {"mkl": lambda layer, x, r=r: layer._mkl_forward(x, r),
+                         "packed": lambda layer, x: layer._packed_forward(x)}
+                times = _time_sweeps(layers, {id(layer) for layer in todo}, lambda layer: "all", r, rounds, paths)
+                mkl_s, packed_s = statistics.median(times["mkl"]["all"]), statistics.median(times["packed"]["all"])
+            if mkl_s >= packed_s:
                 break
             kept.append(r)
             budget -= cost
         _MKL_ROWS[sig] = tuple(kept)
     for layer in small:
         layer.set_mkl_rows(tuple(r for r in _MKL_ROWS[sig] if r > layer._plain_rows))
+
+
+def _time_steps(todo: list["PackedLinear"], step_time, rows: int, rounds: int) -> tuple[float, float]:
+    """Lower quartiles of ``step_time(rows)`` with ``todo``'s MKL copies serving and without."""
+    routes = {id(layer): layer._mkl_route for layer in todo}
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(rounds + 1):
+        for use in ((True, False) if i % 2 == 0 else (False, True)):
+            for layer in todo:
+                layer._mkl_route = routes[id(layer)] if use else []
+            seconds = step_time(rows)
+            if i:  # the first pair warms up
+                times[use].append(seconds)
+    for layer in todo:
+        layer._mkl_route = routes[id(layer)]
+    return tuple(sorted(times[use])[len(times[use]) // 4] for use in (True, False))
 
 
 def _plain(layer, x):
