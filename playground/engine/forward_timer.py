@@ -33,7 +33,7 @@ def forward_timer(model: torch.nn.Module, context: int = TIMER_CONTEXT) -> Calla
 
     Args:
         model: a transformers causal LM on the CPU (``config`` with a ``vocab_size``, a forward that
-            takes ``past_key_values``).
+            takes ``cache=``).
         context: tokens in the cache before each timed pass.
 
     Returns:
@@ -51,7 +51,7 @@ def forward_timer(model: torch.nn.Module, context: int = TIMER_CONTEXT) -> Calla
     try:
         cache = DynamicCache(config=config)
         with torch.inference_mode():
-            model(input_ids=torch.randint(vocab, (1, context), generator=g), past_key_values=cache, use_cache=True,
+            model(input_ids=torch.randint(vocab, (1, context), generator=g), cache=cache, use_cache=True,
                   logits_to_keep=1)
     except Exception as e:  # not a causal LM we can step; the sweeps decide instead
         log.debug("no forward timer for %s: %s: %s", type(model).__name__, type(e).__name__, e)
@@ -61,7 +61,7 @@ def forward_timer(model: torch.nn.Module, context: int = TIMER_CONTEXT) -> Calla
         ids = torch.randint(vocab, (1, rows), generator=g)
         with torch.inference_mode():
             t0 = time.perf_counter()
-            model(input_ids=ids, past_key_values=cache, use_cache=True)
+            model(input_ids=ids, cache=cache, use_cache=True)
             seconds = time.perf_counter() - t0
         cache.crop(-rows)
         return seconds
