@@ -30,6 +30,8 @@ import time
 import torch
 from torch import nn
 
+from .forward_timer import forward_timer, time_mkl_copies
+
 log = logging.getLogger(__name__)
 
 ENV_SWITCH = "PLAYGROUND_ONEDNN"
@@ -191,10 +193,16 @@ def pack_linear_layers(model: nn.Module) -> int:
     packed = [getattr(parent, name) for parent, name, _ in swapped]
     choose_row_paths(packed)
     timer = None
-    if mkl_packed_available() and any(layer.weight.numel() < PACKED_MIN for layer in packed):
-        from .forward_timer import forward_timer
+    if MKL_ROWS and mkl_packed_available() and any(layer.weight.numel() < PACKED_MIN for layer in packed):
         timer = forward_timer(model)
+    uncapped = {id(layer): layer._plain_rows for layer in packed}
+    if timer is not None:  # from MKL_ROWS[0] rows, whole forwards choose (forward_timer)
+        for layer in packed:
+            layer._plain_rows = min(layer._plain_rows, MKL_ROWS[0] - 1)
     choose_mkl_packs(packed, step_time=timer)
+    if not any(layer._mkl_packs for layer in packed):
+        for layer in packed:
+            layer._plain_rows = uncapped[id(layer)]
     return len(swapped)
 
 
@@ -292,7 +300,7 @@ def choose_mkl_packs(layers: list["PackedLinear"], rounds: int = 8, step_time=No
             for layer in todo:
                 layer.set_mkl_rows((*kept, r))
             if step_time is not None:
-                mkl_s, packed_s = _time_steps(todo, step_time, r, rounds)
+                mkl_s, packed_s = time_mkl_copies(todo, step_time, r, rounds)
             else:
                 paths = {"mkl": lambda layer, x, r=r: layer._mkl_forward(x, r),
                          "packed": lambda layer, x: layer._packed_forward(x)}
@@ -305,22 +313,6 @@ def choose_mkl_packs(layers: list["PackedLinear"], rounds: int = 8, step_time=No
         _MKL_ROWS[sig] = tuple(kept)
     for layer in small:
         layer.set_mkl_rows(tuple(r for r in _MKL_ROWS[sig] if r > layer._plain_rows))
-
-
-def _time_steps(todo: list["PackedLinear"], step_time, rows: int, rounds: int) -> tuple[float, float]:
-    """Lower quartiles of ``step_time(rows)`` with ``todo``'s MKL copies serving and without."""
-    routes = {id(layer): layer._mkl_route for layer in todo}
-    times: dict[bool, list[float]] = {True: [], False: []}
-    for i in range(rounds + 1):
-        for use in ((True, False) if i % 2 == 0 else (False, True)):
-            for layer in todo:
-                layer._mkl_route = routes[id(layer)] if use else []
-            seconds = step_time(rows)
-            if i:  # the first pair warms up
-                times[use].append(seconds)
-    for layer in todo:
-        layer._mkl_route = routes[id(layer)]
-    return tuple(sorted(times[use])[len(times[use]) // 4] for use in (True, False))
 
 
 def _plain(layer, x):

@@ -10,6 +10,12 @@ over 4 / 6 / 8 tokens after a 200-token prompt took 41.8 / 44.4 / 46.3 ms with M
 45.9 / 46.8 / 51.4 ms without (lower quartiles of 20, alternated in one process; one token 33.2 and
 33.0 ms). Whole passes count what the sweeps leave out (the layers' inputs as a forward hands them
 over, the attention and norms between them), so the choice follows the step.
+
+With a timer, from four rows on the whole forwards decide for every small layer: ``F.linear``'s
+per-shape wins at four to eight rows in the sweeps (the 576 x 1536 and 192 x 576 layers, at 4, 6 or
+8 rows from one load to the next) are capped to three rows while MKL's copies are kept. In one
+process, alternated (lower quartiles of 20, the same Xeon), steps over 4 / 5 / 6 / 8 tokens took
+42.0 / 46.3 / 45.7 / 47.4 ms capped against 43.9 / 47.2 / 46.7 / 48.0 ms with the sweeps' verdicts.
 """
 
 from __future__ import annotations
@@ -72,3 +78,21 @@ def forward_timer(model: torch.nn.Module, context: int = TIMER_CONTEXT) -> Calla
         log.debug("no forward timer for %s: %s: %s", type(model).__name__, type(e).__name__, e)
         return None
     return time_rows
+
+
+def time_mkl_copies(todo: list, step_time: Callable[[int], float], rows: int, rounds: int) -> tuple[float, float]:
+    """Lower quartiles of ``step_time(rows)`` seconds with the MKL copies of ``todo`` (packed linear
+    layers, :class:`~playground.engine.cpu_linear.PackedLinear`) serving and with them bypassed
+    (oneDNN), alternated, after one warm-up pair; the layers' routes are restored after."""
+    routes = {id(layer): layer._mkl_route for layer in todo}
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(rounds + 1):
+        for use in ((True, False) if i % 2 == 0 else (False, True)):
+            for layer in todo:
+                layer._mkl_route = routes[id(layer)] if use else []
+            seconds = step_time(rows)
+            if i:  # the first pair warms up
+                times[use].append(seconds)
+    for layer in todo:
+        layer._mkl_route = routes[id(layer)]
+    return tuple(sorted(times[use])[len(times[use]) // 4] for use in (True, False))
