@@ -4,6 +4,7 @@ within float32 rounding, same parameters, trainable, copyable, and lossless deco
 from __future__ import annotations
 
 import copy
+import inspect
 import pickle
 
 import pytest
@@ -32,7 +33,7 @@ def always_packed(request, monkeypatch):
     else:
         monkeypatch.setattr(cpu_linear, "ROW_TIMING", False)
     if request.param == "mkl" and cpu_linear.mkl_packed_available():
-        def every_count(layers, rounds=8, step_time=None):
+        def every_count(layers, rounds=8, step_timer=None):
             for layer in layers:
                 if layer.weight.numel() < cpu_linear.PACKED_MIN:
                     layer.set_mkl_rows(cpu_linear.MKL_ROWS)
@@ -125,7 +126,7 @@ def test_mkl_packs_serve_padded_row_counts(monkeypatch):
     monkeypatch.setattr(cpu_linear, "_MKL_ROWS", {})
     model = tiny_llama(0, vocab_size=96, hidden_size=64, intermediate_size=128)
     pack_linear_layers(model)
-    (kept,) = cpu_linear._MKL_ROWS.values()
+    ((kept, _),) = cpu_linear._MKL_ROWS.values()
     assert kept == cpu_linear.MKL_ROWS[:len(kept)]
     for m in model.modules():
         if isinstance(m, PackedLinear):
@@ -135,15 +136,18 @@ def test_mkl_packs_serve_padded_row_counts(monkeypatch):
     monkeypatch.setattr(cpu_linear, "MKL_PACK_BYTES", 0)
     model = tiny_llama(0, vocab_size=96, hidden_size=64, intermediate_size=128)
     pack_linear_layers(model)
-    assert list(cpu_linear._MKL_ROWS.values()) == [()]
+    assert list(cpu_linear._MKL_ROWS.values()) == [((), False)]
     assert not any(m._mkl_packs for m in model.modules() if isinstance(m, PackedLinear))
 
 
 def test_mkl_packs_chosen_by_whole_forwards(monkeypatch):
     """With a step timer, MKL's copies are kept for the counts where whole forwards with them are
-    faster, up to the first count where they are not; the timer steps a real model (its cache back
-    to the context after each pass, logits unchanged) and is None for what it cannot step."""
-    from playground.engine.forward_timer import forward_timer
+    faster, up to the first count where they are not; with every count kept the layers' F.linear
+    rows are capped below four (for each model of those shapes), otherwise left as the sweeps chose;
+    a timer that fails hands the choice back to the sweeps, routes and rows restored. The timer steps
+    a real model (logits unchanged, its cache back to the context after each pass, also after an
+    error) and is None for what it cannot step."""
+    from playground.engine.kernel_timing import forward_timer
 
     model = tiny_llama(0, vocab_size=96, hidden_size=64, intermediate_size=128)
     ids = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(3))
@@ -152,24 +156,62 @@ def test_mkl_packs_chosen_by_whole_forwards(monkeypatch):
     timer = forward_timer(model, context=16)
     assert timer is not None
     assert all(timer(rows) > 0 for rows in (1, 4, 8, 4))
+    cache = inspect.getclosurevars(timer).nonlocals["cache"]
+    assert cache.get_seq_length() == 16
+
+    def fail(*_):
+        raise RuntimeError("a pass that fails after every layer wrote its keys and values")
+
+    hook = model.model.norm.register_forward_hook(fail)
+    with pytest.raises(RuntimeError):
+        timer(3)
+    hook.remove()
+    assert cache.get_seq_length() == 16 and timer(3) > 0 and cache.get_seq_length() == 16
     with torch.inference_mode():
         assert torch.equal(model(ids).logits, before)
     assert forward_timer(torch.nn.Sequential(torch.nn.Linear(4, 4))) is None
     if not cpu_linear.mkl_packed_available():
         return
-    layers = [PackedLinear.from_linear(torch.nn.Linear(64, 48)) for _ in range(3)]
-    seen = []
 
-    def step_time(rows):  # MKL's copies win at 4 rows only
-        serving = all(len(layer._mkl_route) > rows and layer._mkl_route[rows] for layer in layers)
-        seen.append((rows, serving))
-        return 1.0 if serving and rows == 4 else 1.5
+    def fresh(plain_rows):
+        layers = [PackedLinear.from_linear(torch.nn.Linear(64, 48)) for _ in range(3)]
+        for layer, rows in zip(layers, plain_rows):
+            layer._plain_rows = rows
+        return layers
+
+    def step_time_for(layers, win_at):
+        def step_time(rows):
+            serving = all(len(layer._mkl_route) > rows and layer._mkl_route[rows] for layer in layers)
+            seen.append((rows, serving))
+            return 1.0 if serving and rows in win_at else 1.5
+        return step_time
+
+    seen = []
+    monkeypatch.setattr(cpu_linear, "_MKL_ROWS", {})
+    layers = fresh((0, 0, 0))
+    cpu_linear.choose_mkl_packs(layers, rounds=4, step_timer=lambda: step_time_for(layers, {4}))
+    assert {r for r, _ in seen} == {4, 6} and {s for _, s in seen} == {True, False}
+    assert all(tuple(layer._mkl_packs) == (4,) and layer._mkl_route[4] == 4 for layer in layers)
+    monkeypatch.setattr(cpu_linear, "_MKL_ROWS", {})
+    layers = fresh((0, 6, 8))
+    cpu_linear.choose_mkl_packs(layers, rounds=2, step_timer=lambda: step_time_for(layers, {4, 6, 8}))
+    assert [layer._plain_rows for layer in layers] == [0, 3, 3]
+    assert all(tuple(layer._mkl_packs) == (4, 6, 8) for layer in layers)
+    again = fresh((2, 6, 8))  # the same shapes: the cached verdict, capped alike, nothing timed
+    cpu_linear.choose_mkl_packs(again, step_timer=lambda: pytest.fail("timed again"))
+    assert [layer._plain_rows for layer in again] == [2, 3, 3]
+    assert all(tuple(layer._mkl_packs) == (4, 6, 8) for layer in again)
+
+    def broken(rows):
+        raise RuntimeError("no step")
 
     monkeypatch.setattr(cpu_linear, "_MKL_ROWS", {})
-    cpu_linear.choose_mkl_packs(layers, rounds=4, step_time=step_time)
-    assert {r for r, _ in seen} == {4, 6} and {s for _, s in seen} == {True, False}
-    assert all(tuple(layer._mkl_packs) == (4,) for layer in layers)
-    assert all(layer._mkl_route[4] == 4 for layer in layers)  # restored after the timing
+    layers = fresh((0, 6, 1))
+    cpu_linear.choose_mkl_packs(layers, rounds=1, step_timer=lambda: broken)
+    ((kept, capped),) = cpu_linear._MKL_ROWS.values()
+    assert not capped and [layer._plain_rows for layer in layers] == [0, 6, 1]
+    for layer in layers:
+        assert tuple(layer._mkl_packs) == tuple(r for r in kept if r > layer._plain_rows)
 
 
 def test_tied_output_layer_stays_tied():

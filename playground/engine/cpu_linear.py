@@ -15,8 +15,9 @@ method use the same layers, so exactness comparisons are unaffected.
 :class:`PackedLinear` that shares the original parameters (tied embeddings stay tied,
 ``state_dict`` is unchanged) and keeps the packed copy beside them. Which kernel serves how many
 rows is timed on the machine at packing: ``F.linear`` (MKL's ``sgemm``) for the few rows where it
-wins (:func:`choose_row_paths`), MKL's weights packed for exactly 4, 6 or 8 rows where those win
-(:func:`choose_mkl_packs`, a Sapphire Rapids Xeon), oneDNN's packed weight otherwise. Set the environment
+wins (:func:`choose_row_paths`; at most three where whole forwards chose MKL's copies), MKL's weights
+packed for exactly 4, 6 or 8 rows where those win (:func:`choose_mkl_packs`, a Sapphire Rapids Xeon),
+oneDNN's packed weight otherwise. Set the environment
 variable ``PLAYGROUND_ONEDNN=0`` to keep PyTorch's default layers.
 """
 
@@ -26,11 +27,12 @@ import logging
 import os
 import statistics
 import time
+from typing import Callable
 
 import torch
 from torch import nn
 
-from .forward_timer import forward_timer, time_mkl_copies
+from .kernel_timing import forward_timer, time_mkl_copies, time_sweeps
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +109,7 @@ class PackedLinear(_PrepackedLinear):
     Input ``(..., in_features)`` float32 on the CPU, output ``(..., out_features)``. An input of
     at most ``_plain_rows`` rows through a layer under :data:`PACKED_MIN` weights goes to
     ``F.linear`` instead (set by :func:`choose_row_paths` to whichever path is faster here, timed
-    as inside a forward pass). On an AVX-512 BF16 EPYC every layer of the default model is faster
+    as inside a forward pass; capped at three by :func:`choose_mkl_packs` where it keeps MKL's copies). On an AVX-512 BF16 EPYC every layer of the default model is faster
     packed (a one-token forward 25 ms at one thread against 35 ms through ``F.linear``); on a
     Sapphire Rapids Xeon (2 threads) MKL's ``sgemm`` is faster for one to three rows (a forward
     over 1 / 2 / 3 tokens 32 / 32 / 34 ms against 32 / 41 / 41 ms with two and three rows packed)
@@ -174,7 +176,9 @@ def pack_linear_layers(model: nn.Module) -> int:
 
     Does nothing when oneDNN is missing, when ``PLAYGROUND_ONEDNN=0``, or when a packed layer
     disagrees with ``F.linear`` by more than 1e-3 relative on a random input (then every layer
-    is restored). Returns the number of layers packed.
+    is restored). Which kernel serves how many rows is timed here (:func:`choose_row_paths`,
+    :func:`choose_mkl_packs`, the latter on whole forwards of ``model`` where it can step it).
+    Returns the number of layers packed.
     """
     if os.environ.get(ENV_SWITCH, "1") == "0" or not onednn_available():
         return 0
@@ -192,17 +196,7 @@ def pack_linear_layers(model: nn.Module) -> int:
         return 0
     packed = [getattr(parent, name) for parent, name, _ in swapped]
     choose_row_paths(packed)
-    timer = None
-    if MKL_ROWS and mkl_packed_available() and any(layer.weight.numel() < PACKED_MIN for layer in packed):
-        timer = forward_timer(model)
-    uncapped = {id(layer): layer._plain_rows for layer in packed}
-    if timer is not None:  # from MKL_ROWS[0] rows, whole forwards choose (forward_timer)
-        for layer in packed:
-            layer._plain_rows = min(layer._plain_rows, MKL_ROWS[0] - 1)
-    choose_mkl_packs(packed, step_time=timer)
-    if not any(layer._mkl_packs for layer in packed):
-        for layer in packed:
-            layer._plain_rows = uncapped[id(layer)]
+    choose_mkl_packs(packed, step_timer=lambda: forward_timer(model))
     return len(swapped)
 
 
@@ -247,7 +241,7 @@ def choose_row_paths(layers: list["PackedLinear"], rounds: int = 8) -> None:
     for rows in TIMED_ROWS:
         if not pending:
             break
-        times = _time_sweeps(layers, {id(layer) for layer in small if key(layer) in pending}, key, rows, rounds)
+        times = time_sweeps(layers, {id(layer) for layer in small if key(layer) in pending}, key, rows, rounds)
         for k in list(pending):
             if statistics.median(times["plain"][k]) <= statistics.median(times["packed"][k]):
                 verdict[k] = rows
@@ -258,38 +252,68 @@ def choose_row_paths(layers: list["PackedLinear"], rounds: int = 8) -> None:
         layer._plain_rows = _PLAIN_ROWS[key(layer)]
 
 
-_MKL_ROWS: dict[tuple, tuple[int, ...]] = {}
-"""(the small layers' shapes in model order, threads) -> the counts of :data:`MKL_ROWS` kept (timed once)."""
+_MKL_ROWS: dict[tuple, tuple[tuple[int, ...], bool]] = {}
+"""(the small layers' shapes in model order, threads) -> (the counts of :data:`MKL_ROWS` kept, whether
+the small layers' ``F.linear`` rows are capped below ``MKL_ROWS[0]``) (timed once)."""
 
 
 @torch.inference_mode()
-def choose_mkl_packs(layers: list["PackedLinear"], rounds: int = 8, step_time=None) -> None:
+def choose_mkl_packs(layers: list["PackedLinear"], rounds: int = 8,
+                     step_timer: Callable[[], Callable[[int], float] | None] | None = None) -> None:
     """Give the small layers (under :data:`PACKED_MIN` weights) MKL-packed copies of their weights
     for the counts of :data:`MKL_ROWS` where those beat oneDNN's packed weights on this CPU.
 
     MKL packs a weight for one row count M (``cblas_sgemm_pack``; PyTorch's ``mkl._mkl_linear``
     takes the packed path only when the input has exactly M rows), so a count r serves the inputs of
-    more rows than the count before it, zero-padded to r. Each count is timed as
-    :func:`choose_row_paths` times (sweeps through every layer in model order, alternating), but
-    for all small layers together (per shape the two paths were within timing noise of each other
-    for some shapes, and per-shape verdicts flipped from run to run): MKL's weights packed for r
-    against oneDNN's, at r rows. Counts are kept up to the first loss, and only while the copies
-    stay under :data:`MKL_PACK_BYTES` in all; a layer skips the counts at or under its
-    ``_plain_rows`` (``F.linear`` takes those inputs). Measured on a 2-vCPU Sapphire Rapids Xeon
-    (2 threads, the default model's small layers): a sweep of 4 / 6 / 8 rows took 19.7 / 21.2 / 23.5
-    ms through MKL's packed weights against 22.2 / 23.6 / 26.2 ms through oneDNN's; whole decoding
-    steps over 4 / 5 / 6 / 7 / 8 tokens (5 and 7 padded) took 40.2 / 42.9 / 43.6 / 46.0 / 45.4 ms
-    against 43.6 / 45.1 / 47.1 / 49.9 / 50.2 ms (a plain step 33.3 ms). Does nothing without MKL's
-    packed ops, without :data:`ROW_TIMING`, or when ``PLAYGROUND_ONEDNN=0``. With ``step_time``
-    (``rows -> seconds`` of one forward of the whole model, :func:`.forward_timer.forward_timer`)
-    whole forwards with and without the copies are compared instead (lower quartiles, alternated):
-    the sweeps misjudged four rows there (see :mod:`.forward_timer`).
+    more rows than the count before it, zero-padded to r. For all small layers together, MKL's
+    weights packed for r are timed against oneDNN's at r rows; counts are kept up to the first loss,
+    and only while the copies stay under :data:`MKL_PACK_BYTES` in all; a layer skips the counts at
+    or under its ``_plain_rows`` (``F.linear`` takes those inputs). On a 2-vCPU Sapphire Rapids Xeon
+    (2 threads, the default model) whole decoding steps over 4 / 5 / 6 / 7 / 8 tokens (5 and 7 padded)
+    took 40.2 / 42.9 / 43.6 / 46.0 / 45.4 ms with the copies against 43.6 / 45.1 / 47.1 / 49.9 / 50.2
+    ms without (a plain step 33.3 ms).
+
+    Args:
+        layers: the model's packed layers in model order.
+        rounds: timed rounds per count and path.
+        step_timer: makes a timer of the whole model's forward (``rows -> seconds``,
+            :func:`.kernel_timing.forward_timer`) or returns None. With a timer, whole forwards with
+            and without the copies decide, the small layers' ``_plain_rows`` capped below
+            ``MKL_ROWS[0]`` meanwhile, and the cap stays when every count is kept (from four rows the
+            whole forwards decided; see :mod:`.kernel_timing`). Without one, or when timing fails
+            (logged), sweeps through every layer in model order decide, as :func:`choose_row_paths`
+            times. Called only when this model's shapes have no verdict yet.
+
+    Does nothing without MKL's packed ops, without :data:`ROW_TIMING`, or when ``PLAYGROUND_ONEDNN=0``.
     """
     small = [layer for layer in layers if layer.weight.numel() < PACKED_MIN]
     if not small or not MKL_ROWS or not mkl_packed_available() or not ROW_TIMING:
         return
     sig = (tuple((layer.out_features, layer.in_features) for layer in small), torch.get_num_threads())
     if sig not in _MKL_ROWS:
+        step_time = step_timer() if step_timer is not None else None
+        try:
+            kept = _choose_counts(layers, small, rounds, step_time)
+        except Exception as e:
+            if step_time is None:
+                raise
+            log.warning("timing whole forwards failed (%s: %s); layer sweeps choose MKL's copies", type(e).__name__, e)
+            step_time, kept = None, _choose_counts(layers, small, rounds, None)
+        _MKL_ROWS[sig] = (kept, step_time is not None and kept == tuple(MKL_ROWS))
+    kept, capped = _MKL_ROWS[sig]
+    for layer in small:
+        if capped:
+            layer._plain_rows = min(layer._plain_rows, MKL_ROWS[0] - 1)
+        layer.set_mkl_rows(tuple(r for r in kept if r > layer._plain_rows))
+
+
+def _choose_counts(layers, small, rounds: int, step_time) -> tuple[int, ...]:
+    """The counts of :data:`MKL_ROWS` kept (see :func:`choose_mkl_packs`); ``_plain_rows`` restored."""
+    uncapped = [layer._plain_rows for layer in small]
+    try:
+        if step_time is not None:
+            for layer in small:
+                layer._plain_rows = min(layer._plain_rows, MKL_ROWS[0] - 1)
         kept: list[int] = []
         budget = MKL_PACK_BYTES
         for r in MKL_ROWS:
@@ -304,47 +328,16 @@ def choose_mkl_packs(layers: list["PackedLinear"], rounds: int = 8, step_time=No
             else:
                 paths = {"mkl": lambda layer, x, r=r: layer._mkl_forward(x, r),
                          "packed": lambda layer, x: layer._packed_forward(x)}
-                times = _time_sweeps(layers, {id(layer) for layer in todo}, lambda layer: "all", r, rounds, paths)
+                times = time_sweeps(layers, {id(layer) for layer in todo}, lambda layer: "all", r, rounds, paths)
                 mkl_s, packed_s = statistics.median(times["mkl"]["all"]), statistics.median(times["packed"]["all"])
             if mkl_s >= packed_s:
                 break
             kept.append(r)
             budget -= cost
-        _MKL_ROWS[sig] = tuple(kept)
-    for layer in small:
-        layer.set_mkl_rows(tuple(r for r in _MKL_ROWS[sig] if r > layer._plain_rows))
-
-
-def _plain(layer, x):
-    return nn.functional.linear(x, layer.weight, layer.bias)
-
-
-def _time_sweeps(layers, todo: set[int], key, rows: int, rounds: int,
-                 paths: dict | None = None) -> dict[str, dict[tuple, list[float]]]:
-    """Per path (default ``plain``: ``F.linear``, ``packed``: oneDNN; else name -> ``f(layer, x)``)
-    and weight shape, the summed seconds per sweep of ``rows`` rows through ``layers`` (model
-    order), the layers in ``todo`` timed, the others run through oneDNN's packed weight."""
-    paths = paths or {"plain": _plain, "packed": lambda layer, x: layer._packed_forward(x)}
-    inputs = {n: torch.randn(rows, n) for n in {layer.in_features for layer in layers}}
-    times: dict[str, dict[tuple, list[float]]] = {name: {} for name in paths}
-    names = list(paths)
-    for i in range(rounds + 1):
-        for kind in (names if i % 2 == 0 else names[::-1]):
-            sums: dict[tuple, float] = {}
-            for layer in layers:
-                x = inputs[layer.in_features]
-                timed = id(layer) in todo
-                t0 = time.perf_counter()
-                if timed:
-                    paths[kind](layer, x)
-                else:
-                    layer._packed_forward(x)
-                if timed:
-                    sums[key(layer)] = sums.get(key(layer), 0.0) + time.perf_counter() - t0
-            if i:  # the first pair warms up
-                for k, v in sums.items():
-                    times[kind].setdefault(k, []).append(v)
-    return times
+        return tuple(kept)
+    finally:
+        for layer, rows in zip(small, uncapped):
+            layer._plain_rows = rows
 
 
 def _agrees(layer: nn.Linear, tolerance: float = 1e-3) -> bool:

@@ -316,12 +316,12 @@ def load_model(spec: str, device: str | torch.device = "auto", dtype: str | torc
             model, tokenizer = fetch(source, offline=False)
         _stage(progress, 0.9, f"moving {name} to {dev}")
         model = model.to(dev).eval()
+        if dev.type == "cpu":  # the attention first: packing times whole forwards (cpu_linear)
+            from .cpu_attention import use_gqa_attention
+            use_gqa_attention(model)
         if dev.type == "cpu" and dt == torch.float32:
             from .cpu_linear import pack_linear_layers
             pack_linear_layers(model)
-        if dev.type == "cpu":
-            from .cpu_attention import use_gqa_attention
-            use_gqa_attention(model)
     except ModelLoadError:
         raise
     except Exception as e:
