@@ -110,8 +110,8 @@ class PackedLinear(_PrepackedLinear):
     at most ``_plain_rows`` rows through a layer under :data:`PACKED_MIN` weights goes to
     ``F.linear`` instead (set by :func:`choose_row_paths` to whichever path is faster here, timed
     as inside a forward pass; capped at three by :func:`choose_mkl_packs` where it keeps MKL's
-    copies). On an AVX-512 BF16 EPYC every layer of the default model is faster packed (a one-token forward 25 ms at one thread against 35 ms through ``F.linear``); on a
-    Sapphire Rapids Xeon (2 threads) MKL's ``sgemm`` is faster for one to three rows (a forward
+    copies). On an AVX-512 BF16 EPYC every layer of the default model is faster packed (a
+    one-token forward 25 ms at one thread against 35 ms through ``F.linear``); on a Sapphire Rapids Xeon (2 threads) MKL's ``sgemm`` is faster for one to three rows (a forward
     over 1 / 2 / 3 tokens 32 / 32 / 34 ms against 32 / 41 / 41 ms with two and three rows packed)
     and the packed weight from four. So plain decoding loses nothing, and verifying one or two
     candidates costs what the device really charges for them. Inputs of 4 to 8 rows may go to
