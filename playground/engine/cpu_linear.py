@@ -106,20 +106,20 @@ class _PrepackedLinear(nn.Linear):
 class PackedLinear(_PrepackedLinear):
     """An ``nn.Linear`` whose inference forward uses oneDNN with a pre-packed weight.
 
-    Input ``(..., in_features)`` float32 on the CPU, output ``(..., out_features)``. An input of
-    at most ``_plain_rows`` rows through a layer under :data:`PACKED_MIN` weights goes to
-    ``F.linear`` instead (set by :func:`choose_row_paths` to whichever path is faster here, timed
-    as inside a forward pass; capped at three by :func:`choose_mkl_packs` where it keeps MKL's
-    copies). On an AVX-512 BF16 EPYC every layer of the default model is faster packed (a
-    one-token forward 25 ms at one thread against 35 ms through ``F.linear``); on a Sapphire Rapids Xeon (2 threads) MKL's ``sgemm`` is faster for one to three rows (a forward
-    over 1 / 2 / 3 tokens 32 / 32 / 34 ms against 32 / 41 / 41 ms with two and three rows packed)
-    and the packed weight from four. So plain decoding loses nothing, and verifying one or two
-    candidates costs what the device really charges for them. Inputs of 4 to 8 rows may go to
-    MKL's weights packed for 4, 6 or 8 rows instead (``_mkl_packs``, set by :func:`choose_mkl_packs`
-    where that is faster here; 5 and 7 rows padded). When
-    autograd needs the result (training through the layer) it falls back to ``F.linear``, so
-    the layer stays trainable; the packed copy is not updated by training, so re-pack
-    (:func:`pack_linear_layers`) after changing the weights.
+    Input ``(..., in_features)`` float32 on the CPU, output ``(..., out_features)``. An input of at
+    most ``_plain_rows`` rows through a layer under :data:`PACKED_MIN` weights goes to ``F.linear``
+    instead (set by :func:`choose_row_paths` to whichever path is faster here, timed as inside a
+    forward pass; capped at three by :func:`choose_mkl_packs` where it keeps MKL's copies). On an
+    AVX-512 BF16 EPYC every layer of the default model is faster packed (a one-token forward 25 ms
+    at one thread against 35 ms through ``F.linear``); on a Sapphire Rapids Xeon (2 threads) MKL's
+    ``sgemm`` is faster for one to three rows (a forward over 1 / 2 / 3 tokens 32 / 32 / 34 ms
+    against 32 / 41 / 41 ms with two and three rows packed) and the packed weight from four. So
+    plain decoding loses nothing, and verifying one or two candidates costs what the device really
+    charges for them. Inputs of 4 to 8 rows may go to MKL's weights packed for 4, 6 or 8 rows
+    instead (``_mkl_packs``, set by :func:`choose_mkl_packs` where that is faster here; 5 and 7 rows
+    padded). When autograd needs the result (training through the layer) it falls back to
+    ``F.linear``, so the layer stays trainable; the packed copy is not updated by training, so
+    re-pack (:func:`pack_linear_layers`) after changing the weights.
     """
 
     def __getstate__(self):  # MKL's copies are rebuilt (for the same row counts) like oneDNN's
