@@ -3,15 +3,15 @@ sweeps of a few rows through every linear layer in model order (:func:`time_swee
 forward passes of the model (:func:`forward_timer`, :func:`time_mkl_copies`), which decide MKL's
 copies for four to eight rows (:func:`playground.engine.cpu_linear.choose_mkl_packs`).
 
-Timing the linear layers alone (sweeps through every layer in model order) misjudges MKL's
-weights packed for four to eight rows against oneDNN's: on a 2-vCPU Sapphire Rapids Xeon (2
-threads, the default model, 2026-12-05) such sweeps put the two within 2-3 % of each other at four
-rows (21.1 against 21.6 ms; 17.0 against 17.1 in another process), so the choice at load flipped
-from one process to the next (MKL's copies kept in two of four loads), while whole forward passes
-over 4 / 6 / 8 tokens after a 200-token prompt (the timer steps after 48) took 41.8 / 44.4 / 46.3 ms with MKL's copies against
-45.9 / 46.8 / 51.4 ms without (lower quartiles of 20, alternated in one process; one token 33.2 and
-33.0 ms). Whole passes count what the sweeps leave out (the layers' inputs as a forward hands them
-over, the attention and norms between them), so the choice follows the step.
+Timing the linear layers alone (sweeps through every layer in model order) misjudges MKL's weights
+packed for four to eight rows against oneDNN's: on a 2-vCPU Sapphire Rapids Xeon (2 threads, the
+default model, 2026-12-05) such sweeps put the two within 2-3 % of each other at four rows (21.1
+against 21.6 ms; 17.0 against 17.1 in another process), so the choice at load flipped from one
+process to the next (MKL's copies kept in two of four loads), while whole forward passes over 4 / 6
+/ 8 tokens after a 200-token prompt (the timer steps after 48) took 41.8 / 44.4 / 46.3 ms with MKL's
+copies against 45.9 / 46.8 / 51.4 ms without (lower quartiles of 20, alternated in one process; one
+token 33.2 and 33.0 ms). Whole passes count what the sweeps leave out (the layers' inputs as a
+forward hands them over, the attention and norms between them), so the choice follows the step.
 
 With a timer, from four rows on the whole forwards decide for every small layer: ``F.linear``'s
 per-shape wins at four to eight rows in the sweeps (the 576 x 1536 and 192 x 576 layers, at 4, 6 or
