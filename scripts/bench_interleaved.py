@@ -2,10 +2,14 @@
 
 ``python -m playground.bench`` runs each method to the end before the next starts; on a shared
 machine whose load changes by the second, that puts each method in different weather. Here every
-(question, method) run advances one step at a time in turn, so load drift hits all methods alike,
-and each method's clock counts only its own steps. The same method may run under several knob
-settings (``prompt_lookup:budget=off``). Records have the benchmark's fields (``check_bench.py``
-reads them); the table is tokens/s over the baseline's per category (total tokens / total seconds).
+(question, method) run advances one step at a time in turn, so load drift hits all methods alike
+while they all run, and each method's clock counts only its own steps. Each record's
+``steady_steps`` is that time measured in the baseline's contemporaneous decoding steps
+(:mod:`playground.bench.weather`), which also cancels a change of speed after the fast methods have
+finished and the weight of questions that met a slow spell. The same method may run under several
+knob settings (``prompt_lookup:budget=off``). Records have the benchmark's fields
+(``check_bench.py`` reads them); the table is speed over the baseline's per category (total tokens
+over total ``steady_steps``; the row ``raw seconds`` from wall-clock seconds).
 
     python scripts/bench_interleaved.py --questions FILE.jsonl --methods autoregressive,prompt_lookup,\
         prompt_lookup:budget=off,suffix --max-new-tokens 64 --threads 1 --out results.jsonl
@@ -52,6 +56,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", default="interleaved.jsonl")
+    ap.add_argument("--step-log", metavar="FILE",
+                    help="also write every step (question, method, end and duration in seconds) to FILE (JSON lines)")
     for part in ("draft", "medusa", "eagle"):
         ap.add_argument(f"--{part}", help=f"{part} spec (folder or hub id; default: the shipped one)")
     ap.add_argument("--alt", action="append", default=[], metavar="PART=SPEC",
@@ -63,6 +69,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     from playground.bench import WARMUP_PROMPT, load_questions
     from playground.engine import Engine, RunOutput
+    from playground.bench.weather import StepTime, steady_steps
     from playground.engine.decoding import GenerationSettings
 
     methods = [parse_method(m) for m in args.methods.split(",")]
@@ -91,14 +98,18 @@ def main(argv=None) -> int:
     def run_all(ids, label_drafters):
         outs = {label: RunOutput(label, {}) for label, *_ in label_drafters}
         streams = [(label, eng._steps(ids, label, d, settings, None)) for label, d, eng in label_drafters]
+        log = []  # every step's StepTime, for the weather correction
         while streams:
             for item in list(streams):
                 event = next(item[1], None)
                 if event is None:
                     streams.remove(item)
                     continue
-                outs[item[0]].add(event)
-        return outs
+                out = outs[item[0]]
+                before = out.last.stats.elapsed_s if out.last is not None else 0.0
+                log.append(StepTime(item[0], time.perf_counter(), event.stats.elapsed_s - before, out.last is None))
+                out.add(event)
+        return outs, log
 
     warm = engine.encode_prompt(WARMUP_PROMPT)
     run_all(warm, drafters())
@@ -106,29 +117,43 @@ def main(argv=None) -> int:
         eng.forget("learned/")
     t0 = time.perf_counter()
     records = []
+    step_log = open(args.step_log, "w") if args.step_log else None
     with open(args.out, "w") as f, torch.inference_mode():
         for q in questions:
             ids = engine.encode_prompt(q.turns[0])
-            outs = run_all(ids, drafters())
+            outs, log = run_all(ids, drafters())
+            steady = steady_steps(log, methods[0][0])
+            if step_log:
+                for st in log:
+                    step_log.write(json.dumps({"question_id": q.question_id, "method": st.label, "end_s": st.end_s,
+                                               "duration_s": st.duration_s, "first": st.first}) + "\n")
             for label, spec in methods:
                 o = outs[label]
                 s = o.last.stats
                 rec = {"question_id": q.question_id, "category": q.category, "turn": 0, "method": label,
                        "params": spec.params, "prompt_tokens": len(ids), "new_tokens": s.new_tokens,
-                       "steps": s.steps, "wall_s": s.elapsed_s,
+                       "steps": s.steps, "wall_s": s.elapsed_s, "steady_steps": steady[label],
                        "ttft_s": s.ttft_s, "tokens_per_s": s.tokens_per_s, "mean_accepted_tokens": s.tau,
                        "acceptance_rate": s.alpha, "output_ids": o.ids, "output_text": o.text}
                 f.write(json.dumps(rec) + "\n")
                 records.append(rec)
             f.flush()
             print(f"q {q.question_id} ({q.category}) done, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    if step_log:
+        step_log.close()
     print(table(records, [label for label, _ in methods]))
     return 0
 
 
 def table(records: list[dict], labels: list[str]) -> str:
-    """Speedup (total tokens / total seconds over the baseline's) per category, tau and lossless."""
-    tot = collections.defaultdict(lambda: [0, 0.0, 0])
+    """Speedup over the baseline per category, tau and lossless.
+
+    Speed is total tokens over total ``steady_steps`` (time in the baseline's contemporaneous
+    decoding steps, :mod:`playground.bench.weather`), so the machine's changing speed cancels;
+    the row ``raw seconds`` gives the overall speedup from plain wall-clock seconds for comparison
+    (records without ``steady_steps`` fall back to seconds everywhere)."""
+    steady = all("steady_steps" in r for r in records)
+    tot = collections.defaultdict(lambda: [0, 0.0, 0, 0.0])
     base = {(r["question_id"], r["turn"]): r["output_ids"] for r in records if r["method"] == labels[0]}
     bad = collections.Counter()
     cats = list(dict.fromkeys(r["category"] for r in records)) + ["overall"]
@@ -136,23 +161,27 @@ def table(records: list[dict], labels: list[str]) -> str:
         for c in (r["category"], "overall"):
             t = tot[(c, r["method"])]
             t[0] += r["new_tokens"]
-            t[1] += r["wall_s"]
+            t[1] += r["steady_steps"] if steady else r["wall_s"]
             t[2] += r["steps"]
+            t[3] += r["wall_s"]
         if r["output_ids"] != base[(r["question_id"], r["turn"])]:
             bad[r["method"]] += 1
+
+    def speedup(c, x, i=1):
+        b = tot[(c, labels[0])]
+        return (tot[(c, x)][0] / tot[(c, x)][i]) / (b[0] / b[i])
+
     width = max(12, *(len(x) for x in labels)) + 1
     lines = ["category".ljust(15) + "".join(x.rjust(width) for x in labels)]
     for c in cats:
-        b = tot[(c, labels[0])]
-        lines.append(c.ljust(15) + "".join(f"{(tot[(c, x)][0] / tot[(c, x)][1]) / (b[0] / b[1]):.2f}x".rjust(width)
-                                            for x in labels))
+        lines.append(c.ljust(15) + "".join(f"{speedup(c, x):.2f}x".rjust(width) for x in labels))
+    lines.append("raw seconds".ljust(15) + "".join(f"{speedup('overall', x, 3):.2f}x".rjust(width) for x in labels))
     lines.append("tau".ljust(15) + "".join(f"{tot[('overall', x)][0] / tot[('overall', x)][2]:.2f}".rjust(width)
                                           for x in labels))
-    lines.append("tokens/s".ljust(15) + "".join(f"{tot[('overall', x)][0] / tot[('overall', x)][1]:.1f}".rjust(width)
+    lines.append("tokens/s".ljust(15) + "".join(f"{tot[('overall', x)][0] / tot[('overall', x)][3]:.1f}".rjust(width)
                                                for x in labels))
     lines.append("mismatches".ljust(15) + "".join(str(bad[x]).rjust(width) for x in labels))
     return "\n".join(lines)
-
 
 if __name__ == "__main__":
     sys.exit(main())
