@@ -106,3 +106,33 @@ def test_trie_nodes_are_not_garbage_collector_objects():
     assert tree.num_nodes() > 5000
     assert not any(gc.is_tracked(k) for k in tree.kids)
     assert len(gc.get_objects()) - before < 50
+
+
+def test_speculation_length_grows_with_the_match_by_max_spec_factor():
+    """A match of m tokens speculates at most ceil(factor * m + 1) nodes: with a long repeated run in
+    the prompt, a 2-token match proposes 3 nodes at factor 1.0 and 5 at the default 2.0; the mixture
+    keeps its suffix member at 1.0 (``MIXTURE_SUFFIX_SPEC_FACTOR``)."""
+    import torch
+
+    from helpers import FakeLoaded, tiny_llama
+    from playground.engine import Engine, MethodSpec
+    from playground.engine.drafter import DecodeState
+    from playground.engine.mixture import MIXTURE_SUFFIX_SPEC_FACTOR
+    from playground.engine.sampling import SamplingConfig
+    from playground.engine.suffix import SUFFIX_FACTOR_KNOB
+
+    prompt = list(range(10, 30)) + [5, 10, 11]  # "10 11" was followed by 12 13 14 ... once
+    sizes = {}
+    for factor in (1.0, 2.0):
+        d = SuffixDrafter(max_spec_factor=factor, min_token_prob=0.0)
+        d.begin(prompt)
+        state = DecodeState(prompt, len(prompt), SamplingConfig(), None, 16, torch.device("cpu"), 64)
+        cand = d.propose(state)
+        sizes[factor] = len(cand)
+        assert cand.tokens.tolist() == list(range(12, 12 + len(cand)))  # the chain that followed
+    assert sizes == {1.0: 3, 2.0: 5}
+    assert SUFFIX_FACTOR_KNOB.default == 2.0 and MIXTURE_SUFFIX_SPEC_FACTOR == 1.0
+    engine = Engine(FakeLoaded(tiny_llama(0)))
+    assert engine.make_drafter(MethodSpec("suffix")).max_spec_factor == 2.0
+    mixture = engine.make_drafter(MethodSpec("mixture", {"members": "suffix,prompt_lookup"}))
+    assert dict(mixture.members)["suffix"].max_spec_factor == MIXTURE_SUFFIX_SPEC_FACTOR
