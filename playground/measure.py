@@ -73,15 +73,21 @@ def this_machine() -> tuple[str, dict]:
 
 def benchmark_methods(records: list[dict]) -> tuple[float | None, dict[str, dict]]:
     """``(baseline tokens/s, method -> figures)`` from benchmark records, computed as the benchmark's
-    summary does: totals over every (question, turn)."""
+    summary does: totals over every (question, turn). Where every record has ``steady_steps``
+    (round-robin runs, :mod:`playground.bench.weather`) the speedup is tokens over those, so the
+    machine's changing speed cancels; tokens/s are wall-clock figures either way.
+
+    Raises:
+        ValueError: no baseline records."""
     by_method: dict[str, list[dict]] = {}
     for r in records:
         by_method.setdefault(r["method"], []).append(r)
     if BASELINE not in by_method:
         raise ValueError(f"the results hold no {BASELINE} records, so there is no speedup to compute")
+    clock = "steady_steps" if all("steady_steps" in r for r in records) else "wall_s"
 
-    def tps(rs):
-        return sum(r["new_tokens"] for r in rs) / max(1e-9, sum(r["wall_s"] for r in rs))
+    def tps(rs, key="wall_s"):
+        return sum(r["new_tokens"] for r in rs) / max(1e-9, sum(r[key] for r in rs))
 
     base = by_method.pop(BASELINE)
     base_ids = {(str(r["question_id"]), r.get("turn", 0)): r.get("output_ids") for r in base}
@@ -90,7 +96,7 @@ def benchmark_methods(records: list[dict]) -> tuple[float | None, dict[str, dict
     for m, rs in sorted(by_method.items()):
         proposed, accepted = sum(r.get("proposed") or 0 for r in rs), sum(r.get("accepted") or 0 for r in rs)
         same = all(r.get("output_ids") == base_ids.get((str(r["question_id"]), r.get("turn", 0))) for r in rs)
-        out[m] = {"speedup": round(tps(rs) / tps(base), 3), "tau": round(sum(r["new_tokens"] for r in rs)
+        out[m] = {"speedup": round(tps(rs, clock) / tps(base, clock), 3), "tau": round(sum(r["new_tokens"] for r in rs)
                                                                          / max(1, sum(r["steps"] for r in rs)), 3),
                   "alpha": round(accepted / proposed, 3) if proposed else None, "tokens_per_s": round(tps(rs), 2),
                   "lossless": same if greedy else None, "params": rs[0].get("params") or {}}

@@ -489,6 +489,21 @@ def test_measure_command_stores_benchmark_figures(tmp_path):
 
 
 
+def test_measure_speedup_reads_steady_steps_where_every_record_has_them():
+    """Round-robin records carry ``steady_steps`` (time in the baseline's contemporaneous steps): the
+    speedup is then tokens over those, so a slow spell that hit only the baseline does not count;
+    tokens/s stay wall-clock figures. Records without them fall back to seconds."""
+    rec = dict(question_id=1, category="writing", turn=0, params={}, output_ids=[1])
+    rows = [dict(rec, method="autoregressive", new_tokens=64, steps=64, wall_s=4.0, steady_steps=64.0),
+            dict(rec, method="suffix", new_tokens=64, steps=40, wall_s=1.0, steady_steps=48.0)]
+    base_tps, methods = measure.benchmark_methods(rows)
+    assert base_tps == 16.0 and methods["suffix"]["speedup"] == round(64 / 48, 3)
+    assert methods["suffix"]["tokens_per_s"] == 64.0
+    del rows[1]["steady_steps"]
+    assert measure.benchmark_methods(rows)[1]["suffix"]["speedup"] == 4.0
+
+
+
 def test_gpu_with_training_adds_eagle_beside_loaded_heads():
     """On a GPU, loaded Medusa heads come first, but with training acceptable EAGLE-3 is advised beside
     them (rule eagle_head), and the deployment line serves it, since vLLM lacks the playground's Medusa format."""
