@@ -12,8 +12,9 @@ lists of records, newest first, each naming its ``machine``, ``when`` and ``comm
   threads, prefix_len, repeats. The newest CPU record is ``theory.FALLBACK``.
 * ``benchmarks``: per-method figures from one benchmark results file (records as
   ``python -m playground.bench --out`` writes them): ``methods`` name -> speedup (total tokens over
-  total seconds against ``autoregressive``), tau (tokens over steps), alpha (accepted over
-  proposed), tokens_per_s, lossless (every greedy output equal to the baseline's), params.
+  total seconds against ``autoregressive``; over total ``steady_steps`` for round-robin records,
+  ``clock`` says which), tau (tokens over steps), alpha (accepted over proposed), tokens_per_s,
+  lossless (every greedy output equal to the baseline's), params.
 
 A new record replaces the one of the same kind for the same machine, target and dtype (for
 benchmarks, per method: the older record keeps only the methods the new one lacks). Run the
@@ -73,9 +74,9 @@ def this_machine() -> tuple[str, dict]:
 
 def benchmark_methods(records: list[dict]) -> tuple[float | None, dict[str, dict]]:
     """``(baseline tokens/s, method -> figures)`` from benchmark records, computed as the benchmark's
-    summary does: totals over every (question, turn). Where every record has ``steady_steps``
-    (round-robin runs, :mod:`playground.bench.weather`) the speedup is tokens over those, so the
-    machine's changing speed cancels; tokens/s are wall-clock figures either way.
+    summary (``bench.summarize``) does: totals over every (question, turn). Where every record has
+    ``steady_steps`` (round-robin runs, :mod:`playground.bench.weather`) the speedup is tokens over
+    those, so the machine's changing speed cancels; tokens/s are wall-clock figures either way.
 
     Raises:
         ValueError: no baseline records."""
@@ -153,6 +154,7 @@ def _benchmark_record(args) -> dict:
                          + ", ".join(sorted({str(r.get('category')) for r in records})),
             "target": first.get("target", "default"), "dtype": first.get("dtype") or args.dtype, "threads": args.threads,
             "temperature": float(first.get("temperature") or 0.0), "baseline_tokens_per_s": base_tps,
+            "clock": "steady_steps" if all("steady_steps" in r for r in records) else "wall_s",
             "methods": methods}
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import sys
 import time
@@ -117,8 +118,8 @@ def main(argv=None) -> int:
         eng.forget("learned/")
     t0 = time.perf_counter()
     records = []
-    step_log = open(args.step_log, "w") if args.step_log else None
-    with open(args.out, "w") as f, torch.inference_mode():
+    with open(args.out, "w") as f, (open(args.step_log, "w") if args.step_log else contextlib.nullcontext()) as step_log, \
+            torch.inference_mode():
         for q in questions:
             ids = engine.encode_prompt(q.turns[0])
             outs, log = run_all(ids, drafters())
@@ -138,9 +139,9 @@ def main(argv=None) -> int:
                 f.write(json.dumps(rec) + "\n")
                 records.append(rec)
             f.flush()
+            if step_log:
+                step_log.flush()
             print(f"q {q.question_id} ({q.category}) done, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-    if step_log:
-        step_log.close()
     print(table(records, [label for label, _ in methods]))
     return 0
 
@@ -182,6 +183,7 @@ def table(records: list[dict], labels: list[str]) -> str:
                                                for x in labels))
     lines.append("mismatches".ljust(15) + "".join(str(bad[x]).rjust(width) for x in labels))
     return "\n".join(lines)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -77,6 +77,20 @@ def test_summary_speedup_and_tau_are_totals_over_totals():
     assert "== qa ==" in table and "== overall ==" in table and "2.67x" in table
 
 
+def test_summary_speedup_reads_steady_steps_of_round_robin_records():
+    """Records of ``scripts/bench_interleaved.py`` carry ``steady_steps`` (time in the baseline's
+    contemporaneous steps): the speedup is then read from those (as the script's own table and
+    ``playground.measure`` do), tokens/s still from seconds; one record without them: seconds."""
+    records = [
+        dict(rec(1, "autoregressive", 10, 4.0, 10, [1] * 10, category="qa"), steady_steps=10.0),
+        dict(rec(1, "prompt_lookup", 10, 0.5, 4, [1] * 10, category="qa"), steady_steps=5.0),
+    ]
+    overall = row(bench.summarize(records), "overall", "prompt_lookup")
+    assert overall["speedup"] == pytest.approx(2.0) and overall["tokens_per_s"] == pytest.approx(20.0)
+    del records[1]["steady_steps"]
+    assert row(bench.summarize(records), "overall", "prompt_lookup")["speedup"] == pytest.approx(8.0)
+
+
 def test_summary_lossless_detection_with_near_ties():
     """A lossless method differing from the baseline is reported as "no (d/n differ; ...)",
     separating divergences at near-ties (baseline top-2 margin below the dtype's noise) from real

@@ -39,3 +39,23 @@ def test_bad_alt_use_is_refused_before_any_model_loads(bench, capsys, argv, mess
     with pytest.raises(SystemExit) as e:
         bench.main(["--questions", "unused.jsonl", *argv])
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_table_reads_steady_steps_and_keeps_raw_seconds_for_comparison(bench):
+    """The table's speedups are tokens over ``steady_steps`` against the baseline's, per category and
+    overall; the row ``raw seconds`` is the wall-clock figure; tokens/s are wall-clock; a method whose
+    output differs from the baseline's is counted in ``mismatches``."""
+    def rec(q, cat, method, steps, wall, steady, ids=(1, 2)):
+        return {"question_id": q, "category": cat, "turn": 0, "method": method, "new_tokens": 64, "steps": steps,
+                "wall_s": wall, "steady_steps": steady, "output_ids": list(ids)}
+    records = [rec(1, "writing", "autoregressive", 64, 2.0, 64.0), rec(1, "writing", "fast", 32, 0.5, 32.0),
+               rec(2, "math", "autoregressive", 64, 8.0, 64.0), rec(2, "math", "fast", 32, 2.0, 16.0, ids=(1, 3))]
+    rows = {line.split()[0]: line.split()[1:] for line in bench.table(records, ["autoregressive", "fast"]).splitlines()}
+    assert rows["writing"] == ["1.00x", "2.00x"] and rows["math"] == ["1.00x", "4.00x"]
+    assert rows["overall"] == ["1.00x", "2.67x"]  # 128 / 48 steady steps against 128 / 128
+    assert rows["raw"] == ["seconds", "1.00x", "4.00x"]  # 10 s against 2.5 s
+    assert rows["tokens/s"] == ["12.8", "51.2"] and rows["tau"] == ["1.00", "2.00"]
+    assert rows["mismatches"] == ["0", "1"]
+    for r in records:
+        del r["steady_steps"]
+    assert bench.table(records, ["autoregressive", "fast"]).splitlines()[3].split()[1:] == ["1.00x", "4.00x"]

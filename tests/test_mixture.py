@@ -13,7 +13,8 @@ import drafter_checks as checks
 from playground.engine.budget import AcceptanceEstimator, node_paths
 from playground.engine.drafter import Drafter, StepResult
 from playground.engine.lookahead import LookaheadDrafter
-from playground.engine.mixture import MixtureDrafter, merge_candidates, merged_keys, parse_members, reference_merge
+from playground.engine.mixture import (MIXTURE_SUFFIX_SPEC_FACTOR, MixtureDrafter, merge_candidates, merged_keys,
+                                       parse_members, reference_merge)
 from playground.engine.prompt_lookup import PromptLookupDrafter
 from playground.engine.recycling import RecyclingDrafter
 from playground.engine.suffix import SuffixDrafter
@@ -23,8 +24,8 @@ pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 
 def factory(vocab_size, budget_cost, lookahead: bool = False):
-    members = [("suffix", SuffixDrafter()), ("recycling", RecyclingDrafter(vocab_size)),
-               ("prompt_lookup", PromptLookupDrafter())]
+    members = [("suffix", SuffixDrafter(max_spec_factor=MIXTURE_SUFFIX_SPEC_FACTOR)),
+               ("recycling", RecyclingDrafter(vocab_size)), ("prompt_lookup", PromptLookupDrafter())]
     if lookahead:
         members.append(("lookahead", LookaheadDrafter()))
     d = MixtureDrafter(members, AcceptanceEstimator())
@@ -191,7 +192,8 @@ def test_greedy_with_eagle_member_equals_baseline_over_many_seeds():
     def factory(vocab_size, budget_cost, model):
         head = tiny_head(model, 0, draft_vocab=min(32, vocab_size), layers=(0, 1, 2))
         eagle = CalibratedMember(EagleDrafter(head, depth=3, top_k=3), AcceptanceEstimator(), SOURCE_EAGLE)
-        d = MixtureDrafter([("eagle", eagle), ("suffix", SuffixDrafter()), ("prompt_lookup", PromptLookupDrafter())])
+        suffix = SuffixDrafter(max_spec_factor=MIXTURE_SUFFIX_SPEC_FACTOR)
+        d = MixtureDrafter([("eagle", eagle), ("suffix", suffix), ("prompt_lookup", PromptLookupDrafter())])
         d.budget_cost = budget_cost
         return d
     checks.greedy_sweep(factory, seeds=12, models=[tiny_llama(seed, num_layers=3) for seed in range(4)])

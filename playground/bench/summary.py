@@ -107,7 +107,8 @@ def summarize(records: list[dict], baseline: str | None = None, lossless: Iterab
         One dict per (category, method), categories in order of first appearance, then
         ``"overall"``: ``category, method, runs, new_tokens, wall_s, tokens_per_s`` (total tokens
         / total seconds), ``speedup`` (over the baseline in the same category; None without
-        one), ``tau`` (total tokens / total steps), ``alpha`` (total accepted / total proposed;
+        one; from ``steady_steps`` instead of seconds where every record has them: round-robin
+        runs, :mod:`playground.bench.weather`), ``tau`` (total tokens / total steps), ``alpha`` (total accepted / total proposed;
         None when nothing was proposed), ``lossless`` (``"yes"``, ``"no (...)"``, ``"baseline"``
         or ``"-"`` when not applicable: a lossy method, or sampling) and ``lossless_detail``.
     """
@@ -119,13 +120,16 @@ def summarize(records: list[dict], baseline: str | None = None, lossless: Iterab
     if baseline in methods:
         methods.remove(baseline)
         methods.insert(0, baseline)
+    clock = "steady_steps" if records and all("steady_steps" in r for r in records) else "wall_s"
+
+    def rate(rs):  # tokens per unit of the clock the speedup is read from
+        return sum(r["new_tokens"] for r in rs) / max(1e-9, sum(r[clock] for r in rs))
     rows = []
     for cat in categories + ["overall"]:
         group = [r for r in records if cat == "overall" or r["category"] == cat]
         by_method = {m: [r for r in group if r["method"] == m] for m in methods}
         base_records = by_method.get(baseline) or []
-        base_tokens = sum(r["new_tokens"] for r in base_records)
-        base_tps = base_tokens / max(1e-9, sum(r["wall_s"] for r in base_records)) if base_records else None
+        base_rate = rate(base_records) if base_records else None
         base_by_key = {_key(r): r for r in base_records}
         for m in methods:
             rs = by_method[m]
@@ -142,7 +146,7 @@ def summarize(records: list[dict], baseline: str | None = None, lossless: Iterab
             rows.append({
                 "category": cat, "method": m, "runs": len(rs), "new_tokens": tokens,
                 "wall_s": sum(r["wall_s"] for r in rs), "tokens_per_s": tps,
-                "speedup": tps / base_tps if base_tps else None,
+                "speedup": rate(rs) / base_rate if base_rate else None,
                 "tau": tokens / max(1, sum(r["steps"] for r in rs)), "alpha": _alpha(rs),
                 "lossless": cell, "lossless_detail": detail,
             })
