@@ -69,8 +69,8 @@ def main(argv=None) -> int:
         ap.error(f"--alt: parts are draft, medusa and eagle, not {sorted(set(alt_parts) - {'draft', 'medusa', 'eagle'})}")
     torch.set_num_threads(args.threads)
     from playground.bench import WARMUP_PROMPT, load_questions
-    from playground.engine import Engine, RunOutput
     from playground.bench.weather import StepTime, steady_steps
+    from playground.engine import Engine, RunOutput
     from playground.engine.decoding import GenerationSettings
 
     methods = [parse_method(m) for m in args.methods.split(",")]

@@ -108,8 +108,8 @@ def summarize(records: list[dict], baseline: str | None = None, lossless: Iterab
         ``"overall"``: ``category, method, runs, new_tokens, wall_s, tokens_per_s`` (total tokens
         / total seconds), ``speedup`` (over the baseline in the same category; None without
         one; from ``steady_steps`` instead of seconds where every record has them: round-robin
-        runs, :mod:`playground.bench.weather`), ``tau`` (total tokens / total steps), ``alpha`` (total accepted / total proposed;
-        None when nothing was proposed), ``lossless`` (``"yes"``, ``"no (...)"``, ``"baseline"``
+        runs, :mod:`playground.bench.weather`), ``tau`` (total tokens / total steps), ``alpha``
+        (total accepted / total proposed; None when nothing was proposed), ``lossless`` (``"yes"``, ``"no (...)"``, ``"baseline"``
         or ``"-"`` when not applicable: a lossy method, or sampling) and ``lossless_detail``.
     """
     if baseline is None:
@@ -124,6 +124,7 @@ def summarize(records: list[dict], baseline: str | None = None, lossless: Iterab
 
     def rate(rs):  # tokens per unit of the clock the speedup is read from
         return sum(r["new_tokens"] for r in rs) / max(1e-9, sum(r[clock] for r in rs))
+
     rows = []
     for cat in categories + ["overall"]:
         group = [r for r in records if cat == "overall" or r["category"] == cat]
