@@ -16,7 +16,9 @@ over total ``steady_steps``; the row ``raw seconds`` from wall-clock seconds).
 
 A/B of trained parts in one run: ``--alt eagle=DIR`` (also ``draft=``, ``medusa=``; repeatable) loads a
 second engine with those parts, and a method written ``NAME@alt`` (``eagle@alt``) runs on it, stepped
-round-robin with the rest against the same baseline.
+round-robin with the rest against the same baseline. One setting under two labels on one engine
+(``mixture`` and its members spelt out) is refused: the two would share what the method learns, so
+each would read the other's tokens of the same question.
 
 Learned state (suffix caches, recycling tables) is forgotten after the warm-up, so each method learns
 only from earlier questions' outputs of its own.
@@ -86,6 +88,10 @@ def main(argv=None) -> int:
         alt = Engine.load("default", dtype=args.dtype, methods=sorted({s.name for _, s, a in methods if a}), **parts)
     engines = [alt if on_alt else engine for *_, on_alt in methods]
     methods = [(label, spec) for label, spec, _ in methods]
+    twins = same_settings([(label, spec, eng) for (label, spec), eng in zip(methods, engines)])
+    if twins:
+        ap.error(f"{twins[0]} and {twins[1]} are one setting: run it once (two runs of one setting on one engine "
+                 "share what it learns, so each would read the other's tokens of the same question)")
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens)
     questions = load_questions(args.questions)
     if args.per_category:
@@ -144,6 +150,19 @@ def main(argv=None) -> int:
             print(f"q {q.question_id} ({q.category}) done, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     print(table(records, [label for label, _ in methods]))
     return 0
+
+
+def same_settings(runs: list[tuple]) -> tuple[str, str] | None:
+    """The labels of the first two ``(label, MethodSpec, engine)`` runs that are one method with the same
+    knobs (unset knobs filled with the engine's defaults) on the same engine, else None."""
+    seen: dict = {}
+    for label, spec, eng in runs:
+        params = eng.with_defaults(spec).checked_params()
+        key = (id(eng), spec.name, json.dumps(params, sort_keys=True, default=str))
+        if key in seen:
+            return seen[key], label
+        seen[key] = label
+    return None
 
 
 def table(records: list[dict], labels: list[str]) -> str:

@@ -59,3 +59,21 @@ def test_table_reads_steady_steps_and_keeps_raw_seconds_for_comparison(bench):
     for r in records:
         del r["steady_steps"]
     assert bench.table(records, ["autoregressive", "fast"]).splitlines()[3].split()[1:] == ["1.00x", "4.00x"]
+
+
+def test_one_setting_under_two_labels_is_found(bench):
+    """Two labels that run one method with the same knobs on one engine (``mixture`` and the same
+    members spelt out) would share learned state, so the script refuses them; another knob value,
+    or the same method on the ``--alt`` engine, is a different run."""
+    from helpers import FakeLoaded, tiny_llama
+    from playground.engine import Engine
+    from playground.engine.mixture import DEFAULT_MEMBERS
+
+    engine, alt = Engine(FakeLoaded(tiny_llama(0))), Engine(FakeLoaded(tiny_llama(0)))
+    runs = lambda *texts: [(*bench.parse_method(t)[:2], engine) for t in texts]  # noqa: E731
+    spelt = "mixture:members=" + DEFAULT_MEMBERS.replace(",", "+")
+    assert bench.same_settings(runs("autoregressive", "mixture", spelt)) == ("mixture", spelt)
+    assert bench.same_settings(runs("suffix", "suffix:max_spec_factor=2.0")) == ("suffix", "suffix:max_spec_factor=2.0")
+    assert bench.same_settings(runs("autoregressive", "suffix", "suffix:max_spec_factor=1", "mixture",
+                                    "mixture:budget=off", "prompt_lookup", "prompt_lookup:budget=off")) is None
+    assert bench.same_settings([("suffix", MethodSpec("suffix"), engine), ("suffix@alt", MethodSpec("suffix"), alt)]) is None
