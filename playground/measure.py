@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from playground.bench.weather import speed_clock
+
 MEASUREMENTS_FILE = Path(__file__).resolve().parent.parent / "assets" / "measurements.json"
 BASELINE = "autoregressive"
 FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx_vnni", "amx_bf16", "neon", "asimd")
@@ -85,7 +87,7 @@ def benchmark_methods(records: list[dict]) -> tuple[float | None, dict[str, dict
         by_method.setdefault(r["method"], []).append(r)
     if BASELINE not in by_method:
         raise ValueError(f"the results hold no {BASELINE} records, so there is no speedup to compute")
-    clock = "steady_steps" if all("steady_steps" in r for r in records) else "wall_s"
+    clock = speed_clock(records)
 
     def tps(rs, key="wall_s"):
         return sum(r["new_tokens"] for r in rs) / max(1e-9, sum(r[key] for r in rs))
@@ -154,7 +156,7 @@ def _benchmark_record(args) -> dict:
                          + ", ".join(sorted({str(r.get('category')) for r in records})),
             "target": first.get("target", "default"), "dtype": first.get("dtype") or args.dtype, "threads": args.threads,
             "temperature": float(first.get("temperature") or 0.0), "baseline_tokens_per_s": base_tps,
-            "clock": "steady_steps" if all("steady_steps" in r for r in records) else "wall_s",
+            "clock": speed_clock(records),
             "methods": methods}
 
 

@@ -172,7 +172,9 @@ def table(records: list[dict], labels: list[str]) -> str:
     decoding steps, :mod:`playground.bench.weather`), so the machine's changing speed cancels;
     the row ``raw seconds`` gives the overall speedup from plain wall-clock seconds for comparison
     (records without ``steady_steps`` fall back to seconds everywhere)."""
-    steady = all("steady_steps" in r for r in records)
+    from playground.bench.weather import speed_clock
+
+    clock = speed_clock(records)
     tot = collections.defaultdict(lambda: [0, 0.0, 0, 0.0])
     base = {(r["question_id"], r["turn"]): r["output_ids"] for r in records if r["method"] == labels[0]}
     bad = collections.Counter()
@@ -181,7 +183,7 @@ def table(records: list[dict], labels: list[str]) -> str:
         for c in (r["category"], "overall"):
             t = tot[(c, r["method"])]
             t[0] += r["new_tokens"]
-            t[1] += r["steady_steps"] if steady else r["wall_s"]
+            t[1] += r[clock]
             t[2] += r["steps"]
             t[3] += r["wall_s"]
         if r["output_ids"] != base[(r["question_id"], r["turn"])]:

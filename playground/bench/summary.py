@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from .weather import speed_clock
+
 TABLE_HEADER = ("method", "runs", "tokens", "tokens/s", "speedup", "tau", "alpha", "lossless")
 """Columns of :func:`table_cells` (and of the printed table)."""
 
@@ -120,7 +122,7 @@ def summarize(records: list[dict], baseline: str | None = None, lossless: Iterab
     if baseline in methods:
         methods.remove(baseline)
         methods.insert(0, baseline)
-    clock = "steady_steps" if records and all("steady_steps" in r for r in records) else "wall_s"
+    clock = speed_clock(records)
 
     def rate(rs):  # tokens per unit of the clock the speedup is read from
         return sum(r["new_tokens"] for r in rs) / max(1e-9, sum(r[clock] for r in rs))

@@ -87,3 +87,9 @@ def steady_steps(steps: list[StepTime], baseline: str, window: int = DEFAULT_WIN
             raise ValueError(f"the baseline's steps near {s.end_s:.3f} s took no time: no yardstick there")
         out[s.label] = out.get(s.label, 0.0) + s.duration_s / weather
     return out
+
+
+def speed_clock(records: list[dict]) -> str:
+    """The record field speedups are read from: ``"steady_steps"`` where every record has it (round-robin
+    runs), else ``"wall_s"`` (seconds)."""
+    return "steady_steps" if records and all("steady_steps" in r for r in records) else "wall_s"
