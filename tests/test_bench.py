@@ -279,6 +279,7 @@ def test_end_to_end_on_the_default_model(tmp_path, capsys):
         assert 0 < r["new_tokens"] == len(r["output_ids"]) <= 16 and r["output_text"]
         assert r["steps"] >= 1 and r["wall_s"] > 0 and 0 < r["ttft_s"] <= r["wall_s"]
         assert r["mean_accepted_tokens"] == pytest.approx(r["new_tokens"] / r["steps"])
+        assert r["steady_steps"] > 0  # round-robin by default: time in the baseline's steps
     assert records[0]["params"] == {} and records[0]["acceptance_rate"] is None
     assert set(records[1]["params"]) == {"max_ngram_size", "num_pred_tokens", "budget"}
     for base, pl in zip(records[::2], records[1::2]):
@@ -451,25 +452,27 @@ def test_no_question_fitting_the_context_is_an_error(tiny_bench, monkeypatch):
     assert r.err.count("skipping question") == 2
 
 
-def test_engine_value_errors_during_runs_are_one_line_but_bugs_are_not_hidden(tiny_bench, monkeypatch):
+@pytest.mark.parametrize("how,flags", [("step_method", []), ("run_method", ["--sequential"])])
+def test_engine_value_errors_during_runs_are_one_line_but_bugs_are_not_hidden(tiny_bench, monkeypatch, how, flags):
     """A ValueError from the engine in the middle of the runs (a message about the user's input)
-    becomes one error line with exit status 2; any other exception still propagates."""
-    real = runner.run_method
+    becomes one error line with exit status 2; any other exception still propagates. Round-robin
+    runs start each method with ``step_method``, ``--sequential`` ones with ``run_method``."""
+    real = getattr(runner, how)
     calls = []
 
     def failing(kind):
-        def run_method(engine, ids, spec, settings):
+        def start(engine, ids, spec, settings):
             calls.append(spec.name)
             if len(calls) == 2:
                 raise kind("the engine's reason")
             return real(engine, ids, spec, settings)
-        return run_method
-    monkeypatch.setattr(runner, "run_method", failing(ValueError))
-    _one_line_error(tiny_bench(["--warmup", "0"]), "run failed: the engine's reason")
+        return start
+    monkeypatch.setattr(runner, how, failing(ValueError))
+    _one_line_error(tiny_bench(["--warmup", "0"] + flags), "run failed: the engine's reason")
     calls.clear()
-    monkeypatch.setattr(runner, "run_method", failing(RuntimeError))
+    monkeypatch.setattr(runner, how, failing(RuntimeError))
     with pytest.raises(RuntimeError, match="the engine's reason"):
-        tiny_bench(["--warmup", "0"])
+        tiny_bench(["--warmup", "0"] + flags)
 
 
 def test_stop_strings_end_every_method_at_the_same_place(tiny_bench):

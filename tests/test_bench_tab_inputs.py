@@ -94,3 +94,17 @@ def test_page_words_for_columns_categories_and_methods():
     assert bench_tab.column_title("mean_accepted_tokens") == "τ (mean accepted tokens)"
     assert bench_tab.category_title("qa") == "QA" and bench_tab.method_title("prompt_lookup") == "Prompt lookup"
     assert "_" not in "".join(bench_tab.column_title(c) for c in bench_tab.DETAIL_HEADER)
+
+
+def test_ticks_move_the_progress_note_while_every_method_steps_on_a_question():
+    """Round-robin runs send a tick about every half second while the methods step on a question (the
+    records come at its end): the progress bar names the question and nothing else changes."""
+    def stream(key, questions, specs, settings, warmup):
+        yield {"type": "start", "runs": 2}
+        yield {"type": "tick", "question_id": 81, "turn": 0}
+
+    out = list(bench_tab.run_benchmark(object(), SPEC, None, ["writing"], ["autoregressive"], 1, 4, False,
+                                       *_knobs(), stream=stream))
+    tick = out[1]
+    assert len(tick) == 8 and "question 81, turn 1: every method in turn" in html.unescape(str(tick[1]))
+    assert tick[0] is not tick[1] and all(t == bench_tab.gr.skip() for t in (tick[0], *tick[2:]))

@@ -9,8 +9,9 @@ object a line per (question, turn, method), then prints a table per category and
 Questions (:mod:`.questions`): Spec-Bench or HumanEval rows, or a built-in set's name;
 ``--categories`` keeps some categories, ``--per-category N`` the first N questions of each
 category in file order, ``--limit N`` the first N of what is left. Runs (:mod:`.runner`):
-the baseline first, then every other method, turn after turn, after ``--warmup`` untimed
-rounds. Records (:mod:`.records`): the contract fields and more. Table (:mod:`.summary`).
+every method on each (question, turn), round-robin (one step of each in turn, the baseline
+first; ``--sequential``: one after another), turn after turn, after ``--warmup`` untimed rounds.
+Records (:mod:`.records`): the contract fields and more. Table (:mod:`.summary`).
 ``--stop STRING`` (repeatable) ends each answer at its first stop string (kept in the output,
 finish reason "stop"), for every method alike.
 
@@ -177,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--warmup", type=int, default=1, metavar="N",
                    help="short untimed runs of every method before timing, in rounds (default: 1)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar (default: show one)")
+    g.add_argument("--sequential", action="store_true",
+                   help="run each method to the end before the next (default: round-robin, one step of each in "
+                        "turn, speedups read from steady_steps)")
     g = ap.add_argument_group("models and device")
     g.add_argument("--target", default="default", metavar="MODEL",
                    help="the model to speed up: 'default' (the embedded SmolLM2-135M-Instruct), a .gguf file, a "
@@ -387,6 +391,7 @@ def _main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     engine = load_engine(args, methods)
     bench = runner.prepare(engine, questions, specs, settings, CLI_LABELS)
+    bench.round_robin = not args.sequential
     target = engine.target
     dtype = bench.extra["dtype"]
     turns = sum(len(q.turns) for q in questions)

@@ -3,9 +3,14 @@ progress bar. The command line, the page's Benchmark tab and the training tools 
 :func:`prepare` and :class:`Benchmark`, so the checks exist once.
 
 Order and timing
-    For each (question, turn) every method runs once, the autoregressive baseline first, before
-    the next turn. Each method's clock counts only its own steps (prefill included), as the
-    engine measures it; :meth:`Benchmark.warm_up` runs short untimed generations first.
+    For each (question, turn) every method runs once before the next turn, **round-robin**: one
+    step of each method in turn, the autoregressive baseline first, as the page's side-by-side runs
+    step them, so a change in the machine's speed hits every method alike. Each method's clock
+    counts only its own steps (prefill included), as the engine measures it, and each record's
+    ``steady_steps`` is that time in the baseline's contemporaneous decoding steps
+    (:mod:`.weather`), which the summary reads speedups from. Runners that cannot step (a
+    backend's whole-answer call) run one after another instead, as does ``round_robin=False``
+    (the CLI's ``--sequential``). :meth:`Benchmark.warm_up` runs short untimed generations first.
     Multi-turn questions run turn after turn; each method sees its *own* earlier answers.
 
 Checks (:func:`check_specs` without models; :func:`prepare` once they are loaded): every
@@ -22,14 +27,18 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Generator, Iterator
 
 from .errors import BenchError
 from .questions import Question
 from .records import measured_fields
+from .weather import StepTime, steady_steps
 
 WARMUP_PROMPT = "Write two sentences about the sea. The sea is"
 WARMUP_TOKENS = 16
+TICK_S = 0.5
+"""During a round-robin (question, turn), :func:`iter_runs` yields a ``"tick"`` at most this often (seconds),
+so a consumer that closes it (the page's Stop) stops within about this long."""
 PAGE_LABELS = {"max_new_tokens": "max new tokens", "tree": "the tree"}
 """How the checks' messages name the settings to change, by default (the page's words); the
 command line passes its flags instead (``--max-new-tokens``, ``--tree``)."""
@@ -136,11 +145,25 @@ def _check_a_question_fits(engine, questions: list[Question], max_new_tokens: in
 # ----- one method on one prompt -------------------------------------------------------------------
 def run_method(engine, prompt_ids: list[int], spec, settings) -> dict:
     """Run one method to the end; return the measured part of its record (see :mod:`.records`)."""
+    steps = step_method(engine, prompt_ids, spec, settings)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def step_method(engine, prompt_ids: list[int], spec, settings) -> Generator[float, None, dict]:
+    """One method on one prompt, a step at a time: yields each step's duration in seconds (the first
+    holds the prefill) and returns the measured part of its record (see :mod:`.records`)."""
     from playground.engine import RunOutput
 
     out = RunOutput(spec.name, spec.params)
+    before = 0.0
     for event in engine.run_one(prompt_ids, spec, settings):
         out.add(event)
+        yield event.stats.elapsed_s - before
+        before = event.stats.elapsed_s
     stats = out.last.stats
     return {**measured_fields(stats.as_dict(), out.ids, out.text, out.margins, out.last.finish_reason),
             "accepted_at": list(stats.accepted_at), "proposed_at": list(stats.proposed_at)}
@@ -148,36 +171,76 @@ def run_method(engine, prompt_ids: list[int], spec, settings) -> dict:
 
 @dataclass(frozen=True)
 class Runner:
-    """One method as the benchmark loop sees it: a name, its params, and
-    ``run(prompt_ids) -> measured fields`` (see :func:`run_method` for the fields)."""
+    """One method as the benchmark loop sees it: a name, its params, ``run(prompt_ids) -> measured
+    fields`` (see :func:`run_method` for the fields), and, where it can go a step at a time,
+    ``steps(prompt_ids)``: a generator of step durations returning the same fields (see
+    :func:`step_method`), which round-robin runs use."""
 
     name: str
     params: dict
     run: Callable[[list[int]], dict]
+    steps: Callable[[list[int]], Generator[float, None, dict]] | None = None
 
 
 def engine_runner(engine, spec, settings) -> Runner:
-    """A :class:`Runner` for an engine method (``spec`` is a ``MethodSpec``)."""
+    """A :class:`Runner` for an engine method (``spec`` is a ``MethodSpec``); it can step."""
     return Runner(spec.name, engine.with_defaults(spec).checked_params(),
-                  lambda ids: run_method(engine, ids, spec, settings))
+                  lambda ids: run_method(engine, ids, spec, settings),
+                  lambda ids: step_method(engine, ids, spec, settings))
+
+
+def round_robin(runners: list[Runner], prompts: dict[str, list[int]]) -> Generator[None, None, dict[str, dict]]:
+    """Every runner on its prompt, one step each in turn, the first runner being the baseline.
+
+    Yields None about every :data:`TICK_S` seconds (closing the generator there drops the round), and
+    returns ``{name: measured fields + "steady_steps"}``: each method's time in the baseline's
+    contemporaneous decoding steps (:func:`.weather.steady_steps`).
+    """
+    streams = {r.name: r.steps(prompts[r.name]) for r in runners}
+    fields: dict[str, dict] = {}
+    log: list[StepTime] = []
+    started: set[str] = set()
+    last_tick = time.perf_counter()
+    while streams:
+        for name, stream in list(streams.items()):
+            try:
+                seconds = next(stream)
+            except StopIteration as done:
+                fields[name] = done.value
+                del streams[name]
+                continue
+            now = time.perf_counter()
+            log.append(StepTime(name, now, seconds, first=name not in started))
+            started.add(name)
+            if now - last_tick >= TICK_S:
+                last_tick = now
+                yield None
+    steady = steady_steps(log, runners[0].name)
+    return {name: {**f, "steady_steps": steady[name]} for name, f in fields.items()}
 
 
 # ----- the loop -------------------------------------------------------------------------------------
 def iter_runs(engine, questions: list[Question], runners: list[Runner], max_new_tokens: int,
-              extra: dict | None = None) -> Iterator[tuple[str, object, int]]:
+              extra: dict | None = None, round_robin_runs: bool = True) -> Iterator[tuple[str, object, int]]:
     """Run every method on every (question, turn), as a generator.
 
     ``engine`` only builds prompts (chat template, context check). Each method keeps its own
     conversation per question: turn t's prompt holds the earlier user turns and that method's
     own earlier answers. A (question, turn) whose prompt does not fit the context for some
-    method is skipped for all methods, and so are the question's later turns.
+    method is skipped for all methods, and so are the question's later turns. With
+    ``round_robin_runs`` and every runner able to step, each (question, turn) runs every method
+    round-robin (:func:`round_robin`; the first runner is the baseline) and its records carry
+    ``steady_steps``; otherwise each method runs to the end before the next.
 
     Yields:
-        ``("record", record, 1)`` after each run, and ``("skip", message, runs_skipped)`` when a
-        (question, turn) and the question's later turns are skipped. Closing the generator
-        stops after the current run.
+        ``("record", record, 1)`` after each run (round-robin: every method's, in runner order,
+        once the (question, turn) is done), ``("skip", message, runs_skipped)`` when a (question,
+        turn) and the question's later turns are skipped, and, during a round-robin (question,
+        turn), ``("tick", {"question_id", "turn"}, 0)`` about every :data:`TICK_S` seconds. Closing the generator
+        stops after the current run, or at a tick, dropping that (question, turn)'s records.
     """
     context = engine.target.context_length
+    stepped = round_robin_runs and all(r.steps is not None for r in runners)
     for q in questions:
         history: dict[str, list[dict]] = {r.name: [] for r in runners}
         for turn, user in enumerate(q.turns):
@@ -193,10 +256,20 @@ def iter_runs(engine, questions: list[Question], runners: list[Runner], max_new_
                 yield "skip", f"skipping question {q.question_id} from turn {turn}: {e}", \
                     (len(q.turns) - turn) * len(runners)
                 break
+            measured = {}
+            if stepped:
+                rounds = round_robin(runners, prompts)
+                while True:
+                    try:
+                        next(rounds)
+                    except StopIteration as done:
+                        measured = done.value
+                        break
+                    yield "tick", {"question_id": q.question_id, "turn": turn}, 0
             for r in runners:
                 rec = {"question_id": q.question_id, "category": q.category, "turn": turn, "method": r.name,
                        "params": r.params, "prompt_tokens": len(prompts[r.name])}
-                rec.update(r.run(prompts[r.name]))
+                rec.update(measured[r.name] if stepped else r.run(prompts[r.name]))
                 rec.update(extra or {})
                 history[r.name] += [{"role": "user", "content": user},
                                     {"role": "assistant", "content": rec["output_text"]}]
@@ -237,11 +310,14 @@ class Progress:
 
 
 def run_all(engine, questions: list[Question], runners: list[Runner], max_new_tokens: int,
-            write: Callable[[dict], None], progress: Progress | None = None, extra: dict | None = None) -> list[dict]:
+            write: Callable[[dict], None], progress: Progress | None = None, extra: dict | None = None,
+            round_robin_runs: bool = True) -> list[dict]:
     """:func:`iter_runs` to the end: call ``write(record)`` after each run, report skips and
     progress on ``progress`` (or stderr), and return the records."""
     records = []
-    for kind, item, runs in iter_runs(engine, questions, runners, max_new_tokens, extra):
+    for kind, item, runs in iter_runs(engine, questions, runners, max_new_tokens, extra, round_robin_runs):
+        if kind == "tick":
+            continue
         if kind == "skip":
             if progress:
                 progress.write(item)
@@ -266,7 +342,8 @@ class Benchmark:
     Attributes:
         engine: the loaded engine; questions: what to run; specs: the methods, baseline first;
         settings: the ``GenerationSettings`` of every run; extra: fields added to every record
-        (``temperature``, ``dtype``, ``target``, and ``stop_strings`` when there are some).
+        (``temperature``, ``dtype``, ``target``, and ``stop_strings`` when there are some);
+        round_robin: step the methods round-robin on each (question, turn) (see :func:`iter_runs`).
     """
 
     engine: object
@@ -275,6 +352,7 @@ class Benchmark:
     settings: object
     extra: dict = field(default_factory=dict)
     labels: dict = field(default_factory=lambda: dict(PAGE_LABELS))
+    round_robin: bool = True
 
     @property
     def total_runs(self) -> int:
@@ -313,7 +391,7 @@ class Benchmark:
 
         with torch.inference_mode():
             yield from iter_runs(self.engine, self.questions, self.runners(), self.settings.max_new_tokens,
-                                 self.extra)
+                                 self.extra, self.round_robin)
 
     def run(self, write: Callable[[dict], None], progress: Progress | None = None) -> list[dict]:
         """:func:`run_all` over this benchmark (under ``torch.inference_mode``).
@@ -327,7 +405,7 @@ class Benchmark:
         try:
             with torch.inference_mode():
                 records = run_all(self.engine, self.questions, self.runners(), self.settings.max_new_tokens,
-                                  write, progress, self.extra)
+                                  write, progress, self.extra, self.round_robin)
         except ValueError as e:  # the engine's message about a setting or a prompt (TreeChoicesError is one)
             raise BenchError(f"run failed: {e}") from None
         if not records:

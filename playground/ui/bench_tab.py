@@ -324,6 +324,10 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
                 warning(item["message"])
                 yield warn(item["message"])
                 return
+            if item["type"] == "tick":  # every method stepping in turn on a question; records come at its end
+                note = f"question {item['question_id']}, turn {item['turn'] + 1}: every method in turn"
+                yield (gr.skip(), progress_html(done, total, note), *(gr.skip(),) * 6)
+                continue
             if item["type"] == "skip":
                 done += item["runs"]
                 yield (status_text(item["message"]), progress_html(done, total, "skipped"), *(gr.skip(),) * 6)
@@ -454,5 +458,5 @@ def build(engine, models=None) -> None:
     event = run_btn.click(run, [qset, upload, cats, methods, per_category, max_new, warmup, *knob_inputs, *key],
                           [status, bar, table, detail, speed_plot, tau_plot, csv_file, jsonl_file],
                           api_name="benchmark", concurrency_id="engine")
-    stop_btn.click(lambda: "Stopped (after the run in progress). Downloads hold the records so far.", None, status,
+    stop_btn.click(lambda: "Stopped. Downloads hold the records of the questions every method finished.", None, status,
                    cancels=[event], api_visibility="private", queue=False)

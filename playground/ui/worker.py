@@ -156,10 +156,12 @@ def stream_bench(engine_key: str, questions: list[dict], specs: list[dict], sett
     Yields:
         ``{"type": "start", "runs": int}`` once every run check passed, then
         ``{"type": "record", "record": dict}`` per run (the CLI's record, same fields) and
-        ``{"type": "skip", "message": str, "runs": int}`` for skipped turns; or one
+        ``{"type": "skip", "message": str, "runs": int}`` for skipped turns, and
+        ``{"type": "tick", "question_id", "turn"}`` about every half second while the methods step round-robin on a
+        question (records come once every method has answered it); or one
         ``{"type": "warning", "message": str}`` instead when a check fails (bad setting, a method
         the loaded models cannot run, no question fitting the context). Closing the generator
-        stops after the current run.
+        stops at once (at a tick: that question's records are dropped).
     """
     from playground import bench
 
@@ -175,6 +177,8 @@ def stream_bench(engine_key: str, questions: list[dict], specs: list[dict], sett
     for kind, item, runs in run.iter():
         if kind == "skip":
             yield {"type": "skip", "message": item, "runs": runs}
+        elif kind == "tick":
+            yield {"type": "tick", **item}
         else:
             yield {"type": "record", "record": item}
 
