@@ -436,3 +436,30 @@ def test_time_in_background_measures_once_and_the_first_run_uses_it():
     out = [t for e in engine.run_one(prompt, MethodSpec("prompt_lookup", {"budget": "auto"}),
                                      GenerationSettings(max_new_tokens=24)) for t in e.tokens]
     assert out == baseline and engine.calibrations["step_cost"] == 1
+
+
+def test_draft_model_times_one_token_passes_only(monkeypatch):
+    """The gate's break-even reads the draft's time per drafted token: the first proposal's pass over
+    the whole prompt (the draft's catch-up) is not one, so it is not averaged in. A stand-in clock
+    makes each draft pass take 1 ms a token fed."""
+    from playground.engine import draft_model
+    from playground.engine.drafter import DecodeState
+    from playground.engine.sampling import SamplingConfig
+
+    model = tiny_llama(3)
+    engine = Engine(FakeLoaded(model), FakeLoaded(model))
+    drafter = engine.make_drafter(MethodSpec("draft_model", {"budget": "off", "k": 3}))
+    clock = [0.0]
+    real_forward = drafter.draft.forward
+
+    def forward(cache, ids, **kw):
+        clock[0] += 1e-3 * len(ids)
+        return real_forward(cache, ids, **kw)
+    monkeypatch.setattr(drafter.draft, "forward", forward)
+    monkeypatch.setattr(draft_model.time, "perf_counter", lambda: clock[0])
+    prompt = list(range(3, 43))  # 40 tokens: the first pass feeds all of them
+    drafter.begin(prompt)
+    state = DecodeState(prompt, len(prompt), SamplingConfig(), None, 8, torch.device("cpu"), model.config.vocab_size)
+    with torch.inference_mode():
+        cand = drafter.propose(state)
+    assert len(cand) == 3 and drafter.draft_s == pytest.approx(1e-3)

@@ -171,7 +171,7 @@ class DraftModelDrafter(Drafter):
         self.estimator = AcceptanceEstimator()
         self.gate_memory = GateMemory()
         self.gate = DraftGate()
-        self.draft_s = 0.0  # running mean seconds of one draft forward
+        self.draft_s = 0.0  # running mean seconds of one draft forward over one token
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.cache = self.draft.new_cache()
@@ -244,7 +244,8 @@ class DraftModelDrafter(Drafter):
             logits = self.draft.forward(self.cache, feed if self.token_map is None else self.token_map.draft_ids(feed),
                                         last_only=True)[-1]
             spent = time.perf_counter() - t0
-            self.draft_s = spent if not self.draft_s else 0.9 * self.draft_s + 0.1 * spent
+            if len(feed) == 1:  # one drafted token's pass: a catch-up over the prompt is no measure of it
+                self.draft_s = spent if not self.draft_s else 0.9 * self.draft_s + 0.1 * spent
             self.fed.extend(feed.tolist())
             if state.sampling.greedy:
                 # 2-3. Greedy: the argmax, unless the draft is unsure of this position.
