@@ -379,8 +379,11 @@ def build(engine, models=None) -> None:
     a load; without it, on ``engine``."""
     available = [m for m in METHODS if engine.unavailable_reason(m) is None]
     gr.Markdown("Runs a benchmark on this machine: the same questions through every ticked method, greedy "
-                "decoding, each method's clock counting only its own steps. Speedup is total tokens over total "
-                "seconds against autoregressive on the same questions; τ is total tokens over total steps.")
+                "decoding, the methods taking one step each in turn on each question, each method's clock "
+                "counting only its own steps. Each step is timed against the autoregressive steps of the same "
+                "moment, so a machine that speeds up or slows down mid-run does not favour any method. Speedup "
+                "is total tokens over that total time against autoregressive on the same questions; τ is total "
+                "tokens over total steps.")
     cats0, note0 = category_choices(next(iter(SETS)), None)
     with gr.Row(equal_height=False):
         with gr.Column(scale=2):
