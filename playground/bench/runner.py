@@ -236,8 +236,9 @@ def iter_runs(engine, questions: list[Question], runners: list[Runner], max_new_
         ``("record", record, 1)`` after each run (round-robin: every method's, in runner order,
         once the (question, turn) is done), ``("skip", message, runs_skipped)`` when a (question,
         turn) and the question's later turns are skipped, and, during a round-robin (question,
-        turn), ``("tick", {"question_id", "turn"}, 0)`` about every :data:`TICK_S` seconds. Closing the generator
-        stops after the current run, or at a tick, dropping that (question, turn)'s records.
+        turn), ``("tick", {"question_id", "turn"}, 0)`` about every :data:`TICK_S` seconds.
+        Closing the generator stops after the current run, or at a tick, dropping that
+        (question, turn)'s records.
     """
     context = engine.target.context_length
     stepped = round_robin_runs and all(r.steps is not None for r in runners)
