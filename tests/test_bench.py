@@ -456,16 +456,23 @@ def test_no_question_fitting_the_context_is_an_error(tiny_bench, monkeypatch):
 def test_engine_value_errors_during_runs_are_one_line_but_bugs_are_not_hidden(tiny_bench, monkeypatch, how, flags):
     """A ValueError from the engine in the middle of the runs (a message about the user's input)
     becomes one error line with exit status 2; any other exception still propagates. Round-robin
-    runs start each method with ``step_method``, ``--sequential`` ones with ``run_method``."""
+    runs step each method with ``step_method`` (the second method fails after its first step, with
+    the baseline mid-answer), ``--sequential`` ones run it with ``run_method``."""
     real = getattr(runner, how)
     calls = []
 
     def failing(kind):
         def start(engine, ids, spec, settings):
             calls.append(spec.name)
-            if len(calls) == 2:
+            if len(calls) != 2:
+                return real(engine, ids, spec, settings)
+            if how == "run_method":
                 raise kind("the engine's reason")
-            return real(engine, ids, spec, settings)
+
+            def one_step_then_fail():
+                yield next(real(engine, ids, spec, settings))
+                raise kind("the engine's reason")
+            return one_step_then_fail()
         return start
     monkeypatch.setattr(runner, how, failing(ValueError))
     _one_line_error(tiny_bench(["--warmup", "0"] + flags), "run failed: the engine's reason")

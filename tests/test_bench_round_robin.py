@@ -111,8 +111,8 @@ def test_one_after_another_when_asked_or_when_a_runner_cannot_step(round_robin_r
 
 def test_command_line_records_are_the_same_round_robin_or_sequential(tiny_bench):
     """On the tiny models: the default run (round-robin) and ``--sequential`` write the same records
-    (ids, text, steps) in the same order; only the round-robin ones carry ``steady_steps``, and the
-    table reads speedups from them."""
+    (methods and output ids; steps may differ: the budget prices steps with each engine's timing) in
+    the same order; only the round-robin ones carry ``steady_steps``."""
     methods = ["--methods", "autoregressive,prompt_lookup,draft_model,suffix"]
     a = tiny_bench(methods, turns=("Hi there", "Say more about it"))
     rr = [json.loads(line) for line in a.results.read_text().splitlines()]
@@ -121,9 +121,8 @@ def test_command_line_records_are_the_same_round_robin_or_sequential(tiny_bench)
     assert a.code == b.code == 0, a.err + b.err
     assert len(rr) == len(seq) == 8
     for x, y in zip(rr, seq):
-        assert (x["question_id"], x["method"], x["output_ids"], x["steps"]) == \
-               (y["question_id"], y["method"], y["output_ids"], y["steps"])
+        assert (x["question_id"], x["method"], x["output_ids"]) == (y["question_id"], y["method"], y["output_ids"])
         assert x["steady_steps"] > 0 and "steady_steps" not in y
     base = {r["question_id"]: r["output_ids"] for r in rr if r["method"] == "autoregressive"}
     assert all(r["output_ids"] == base[r["question_id"]] for r in rr)
-    assert "== overall ==" in a.out
+    assert "== overall ==" in a.out and "== overall ==" in b.out

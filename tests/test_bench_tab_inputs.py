@@ -108,3 +108,25 @@ def test_ticks_move_the_progress_note_while_every_method_steps_on_a_question():
     tick = out[1]
     assert len(tick) == 8 and "question 81, turn 1: every method in turn" in html.unescape(str(tick[1]))
     assert tick[0] is not tick[1] and all(t == bench_tab.gr.skip() for t in (tick[0], *tick[2:]))
+
+
+def test_a_turns_records_reach_the_page_together():
+    """Round-robin records of one turn come back to back: the page shows (and saves) them in one update,
+    so a Stop can never leave part of a turn in the tables and downloads."""
+    def rec(qid, method):
+        return {"question_id": qid, "category": "writing", "turn": 0, "method": method, "params": {},
+                "new_tokens": 4, "steps": 4, "wall_s": 0.1, "steady_steps": 4.0, "ttft_s": 0.01,
+                "tokens_per_s": 40.0, "mean_accepted_tokens": 1.0, "acceptance_rate": None, "output_ids": [1, 2, 3, 4],
+                "output_text": "abcd"}
+
+    def stream(key, questions, specs, settings, warmup):
+        yield {"type": "start", "runs": 4}
+        for qid in (81, 82):
+            for m in ("autoregressive", "prompt_lookup"):
+                yield {"type": "record", "record": rec(qid, m)}
+
+    out = list(bench_tab.run_benchmark(object(), SPEC, None, ["writing"], ["autoregressive", "prompt_lookup"], 2, 4,
+                                       False, *_knobs(), stream=stream))
+    progress = [html.unescape(re.sub(r"<[^>]+>", "", str(o[1]))) for o in out[1:]]
+    assert len(out) == 4, progress  # start, one update per turn, done
+    assert "question 81, turn 1: every method done" in progress[0] and "question 82" in progress[1]

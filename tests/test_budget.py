@@ -438,7 +438,7 @@ def test_time_in_background_measures_once_and_the_first_run_uses_it():
     assert out == baseline and engine.calibrations["step_cost"] == 1
 
 
-def test_draft_model_times_one_token_passes_only(monkeypatch):
+def test_draft_model_timing_leaves_out_the_catch_up_pass(monkeypatch):
     """The gate's break-even reads the draft's time per drafted token: the first proposal's pass over
     the whole prompt (the draft's catch-up) is not one, so it is not averaged in. A stand-in clock
     makes each draft pass take 1 ms a token fed."""

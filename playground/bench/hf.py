@@ -218,8 +218,9 @@ def _main(args: argparse.Namespace) -> int:
     progress = runner.Progress(turns * len(runners), enabled=not args.no_progress)
     t0 = time.perf_counter()
     try:
+        # One whole generation after another, whichever methods are chosen: transformers' runs cannot step.
         records = runner.run_all(engine, questions, runners, settings.max_new_tokens, write, progress,
-                                      {"temperature": 0.0, "dtype": dtype, "target": target.name})
+                                 {"temperature": 0.0, "dtype": dtype, "target": target.name}, round_robin_runs=False)
     finally:
         progress.close()
         if out:

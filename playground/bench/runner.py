@@ -196,27 +196,33 @@ def round_robin(runners: list[Runner], prompts: dict[str, list[int]]) -> Generat
     returns ``{name: measured fields + "steady_steps"}``: each method's time in the baseline's
     contemporaneous decoding steps (:func:`.weather.steady_steps`).
     """
-    streams = {r.name: r.steps(prompts[r.name]) for r in runners}
+    streams: dict[str, Generator] = {}
     fields: dict[str, dict] = {}
     log: list[StepTime] = []
     started: set[str] = set()
     last_tick = time.perf_counter()
-    while streams:
-        for name, stream in list(streams.items()):
-            try:
-                seconds = next(stream)
-            except StopIteration as done:
-                fields[name] = done.value
-                del streams[name]
-                continue
-            now = time.perf_counter()
-            log.append(StepTime(name, now, seconds, first=name not in started))
-            started.add(name)
-            if now - last_tick >= TICK_S:
-                last_tick = now
-                yield None
+    try:
+        for r in runners:
+            streams[r.name] = r.steps(prompts[r.name])
+        while streams:
+            for name, stream in list(streams.items()):
+                try:
+                    seconds = next(stream)
+                except StopIteration as done:
+                    fields[name] = done.value
+                    del streams[name]
+                    continue
+                now = time.perf_counter()
+                log.append(StepTime(name, now, seconds, first=name not in started))
+                started.add(name)
+                if now - last_tick >= TICK_S:
+                    last_tick = now
+                    yield None
+    finally:  # stopped or failed: every unfinished run ends now (its caches freed), not when collected
+        for stream in streams.values():
+            stream.close()
     steady = steady_steps(log, runners[0].name)
-    return {name: {**f, "steady_steps": steady[name]} for name, f in fields.items()}
+    return {name: {**f, "steady_steps": steady.get(name, 0.0)} for name, f in fields.items()}
 
 
 # ----- the loop -------------------------------------------------------------------------------------
@@ -238,7 +244,8 @@ def iter_runs(engine, questions: list[Question], runners: list[Runner], max_new_
         turn) and the question's later turns are skipped, and, during a round-robin (question,
         turn), ``("tick", {"question_id", "turn"}, 0)`` about every :data:`TICK_S` seconds.
         Closing the generator stops after the current run, or at a tick, dropping that
-        (question, turn)'s records.
+        (question, turn)'s records (a consumer that must not keep part of a round-robin turn
+        holds its records until it has all of them).
     """
     context = engine.target.context_length
     stepped = round_robin_runs and all(r.steps is not None for r in runners)
@@ -260,13 +267,16 @@ def iter_runs(engine, questions: list[Question], runners: list[Runner], max_new_
             measured = {}
             if stepped:
                 rounds = round_robin(runners, prompts)
-                while True:
-                    try:
-                        next(rounds)
-                    except StopIteration as done:
-                        measured = done.value
-                        break
-                    yield "tick", {"question_id": q.question_id, "turn": turn}, 0
+                try:
+                    while True:
+                        try:
+                            next(rounds)
+                        except StopIteration as done:
+                            measured = done.value
+                            break
+                        yield "tick", {"question_id": q.question_id, "turn": turn}, 0
+                finally:
+                    rounds.close()
             for r in runners:
                 rec = {"question_id": q.question_id, "category": q.category, "turn": turn, "method": r.name,
                        "params": r.params, "prompt_tokens": len(prompts[r.name])}
@@ -299,6 +309,11 @@ class Progress:
         elif self.enabled:
             print(f"[{self.done}/{self.total}] {text}", file=sys.stderr, flush=True)
 
+    def note(self, text: str) -> None:
+        """Show ``text`` beside the bar without counting a run (plain output: nothing)."""
+        if self.bar is not None:
+            self.bar.set_postfix_str(text)
+
     def write(self, text: str) -> None:
         if self.bar is not None:
             self.bar.write(text, file=sys.stderr)
@@ -318,6 +333,8 @@ def run_all(engine, questions: list[Question], runners: list[Runner], max_new_to
     records = []
     for kind, item, runs in iter_runs(engine, questions, runners, max_new_tokens, extra, round_robin_runs):
         if kind == "tick":
+            if progress:
+                progress.note(f"q {item['question_id']} t{item['turn']}: every method in turn")
             continue
         if kind == "skip":
             if progress:

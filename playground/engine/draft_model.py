@@ -244,7 +244,7 @@ class DraftModelDrafter(Drafter):
             logits = self.draft.forward(self.cache, feed if self.token_map is None else self.token_map.draft_ids(feed),
                                         last_only=True)[-1]
             spent = time.perf_counter() - t0
-            if len(feed) == 1:  # one drafted token's pass: a catch-up over the prompt is no measure of it
+            if len(feed) <= 2:  # a drafting pass (a drafted token, or the last one with the bonus), not a catch-up
                 self.draft_s = spent if not self.draft_s else 0.9 * self.draft_s + 0.1 * spent
             self.fed.extend(feed.tolist())
             if state.sampling.greedy:

@@ -335,8 +335,9 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
             rec = item["record"]
             records.append(rec)
             done += 1
-            note = (f"question {rec['question_id']}, turn {rec['turn'] + 1}, {method_title(rec['method'])}: "
-                    f"{rec['tokens_per_s']:.1f} tokens/s")
+            if len(records) % len(specs):  # a turn's records come together: show them (and save them) at once
+                continue
+            note = f"question {rec['question_id']}, turn {rec['turn'] + 1}: every method done"
             yield _outputs(status_text(f"Running… {render.plural(len(records), 'run')} done"),
                            progress_html(done, total, note), records, _write_files(records, folder))
         yield _outputs(status_text(f"Done: {render.plural(len(records), 'run')} in {time.perf_counter() - t0:.0f} s "
@@ -461,5 +462,5 @@ def build(engine, models=None) -> None:
     event = run_btn.click(run, [qset, upload, cats, methods, per_category, max_new, warmup, *knob_inputs, *key],
                           [status, bar, table, detail, speed_plot, tau_plot, csv_file, jsonl_file],
                           api_name="benchmark", concurrency_id="engine")
-    stop_btn.click(lambda: "Stopped. Downloads hold the records of the questions every method finished.", None, status,
+    stop_btn.click(lambda: "Stopped. Downloads hold every turn that all methods finished.", None, status,
                    cancels=[event], api_visibility="private", queue=False)
