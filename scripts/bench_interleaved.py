@@ -37,6 +37,9 @@ import torch
 
 
 ALT = "@alt"
+RECORD_FIELDS = ("new_tokens", "steps", "wall_s", "steady_steps", "ttft_s", "tokens_per_s", "mean_accepted_tokens",
+                 "acceptance_rate", "output_ids", "output_text")
+"""The measured fields each record keeps (the benchmark runner's, less margins and per-step lists)."""
 
 
 def parse_method(text: str):
@@ -71,8 +74,8 @@ def main(argv=None) -> int:
         ap.error(f"--alt: parts are draft, medusa and eagle, not {sorted(set(alt_parts) - {'draft', 'medusa', 'eagle'})}")
     torch.set_num_threads(args.threads)
     from playground.bench import WARMUP_PROMPT, load_questions
-    from playground.bench.weather import StepTime, steady_steps
-    from playground.engine import Engine, RunOutput
+    from playground.bench.runner import Runner, finish, round_robin, run_method, step_method
+    from playground.engine import Engine
     from playground.engine.decoding import GenerationSettings
 
     methods = [parse_method(m) for m in args.methods.split(",")]
@@ -99,27 +102,16 @@ def main(argv=None) -> int:
         questions = [q for q in questions if seen.setdefault(q.category, []).append(q) or
                      len(seen[q.category]) <= args.per_category]
 
-    def drafters():
-        return [(label, eng.make_drafter(spec), eng) for (label, spec), eng in zip(methods, engines)]
+    # The benchmark runner's round-robin, one runner a label (each on its own engine).
+    runners = [Runner(label, spec.params, lambda ids, e=eng, s=spec: run_method(e, ids, s, settings),
+                      lambda ids, e=eng, s=spec: step_method(e, ids, s, settings))
+               for (label, spec), eng in zip(methods, engines)]
 
-    def run_all(ids, label_drafters):
-        outs = {label: RunOutput(label, {}) for label, *_ in label_drafters}
-        streams = [(label, eng._steps(ids, label, d, settings, None)) for label, d, eng in label_drafters]
-        log = []  # every step's StepTime, for the weather correction
-        while streams:
-            for item in list(streams):
-                event = next(item[1], None)
-                if event is None:
-                    streams.remove(item)
-                    continue
-                out = outs[item[0]]
-                before = out.last.stats.elapsed_s if out.last is not None else 0.0
-                log.append(StepTime(item[0], time.perf_counter(), event.stats.elapsed_s - before, out.last is None))
-                out.add(event)
-        return outs, log
+    def run_all(ids, log=None):
+        return finish(round_robin(runners, {r.name: ids for r in runners}, log))
 
     warm = engine.encode_prompt(WARMUP_PROMPT)
-    run_all(warm, drafters())
+    run_all(warm)
     for eng in {id(e): e for e in engines}.values():
         eng.forget("learned/")
     t0 = time.perf_counter()
@@ -128,20 +120,17 @@ def main(argv=None) -> int:
             torch.inference_mode():
         for q in questions:
             ids = engine.encode_prompt(q.turns[0])
-            outs, log = run_all(ids, drafters())
-            steady = steady_steps(log, methods[0][0])
+            log = []  # every step's StepTime (the weather correction's input), for --step-log
+            measured = run_all(ids, log)
             if step_log:
                 for st in log:
                     step_log.write(json.dumps({"question_id": q.question_id, "method": st.label, "end_s": st.end_s,
                                                "duration_s": st.duration_s, "first": st.first}) + "\n")
             for label, spec in methods:
-                o = outs[label]
-                s = o.last.stats
+                m = measured[label]
                 rec = {"question_id": q.question_id, "category": q.category, "turn": 0, "method": label,
-                       "params": spec.params, "prompt_tokens": len(ids), "new_tokens": s.new_tokens,
-                       "steps": s.steps, "wall_s": s.elapsed_s, "steady_steps": steady[label],
-                       "ttft_s": s.ttft_s, "tokens_per_s": s.tokens_per_s, "mean_accepted_tokens": s.tau,
-                       "acceptance_rate": s.alpha, "output_ids": o.ids, "output_text": o.text}
+                       "params": spec.params, "prompt_tokens": len(ids),
+                       **{k: m[k] for k in RECORD_FIELDS}}
                 f.write(json.dumps(rec) + "\n")
                 records.append(rec)
             f.flush()

@@ -145,10 +145,14 @@ def _check_a_question_fits(engine, questions: list[Question], max_new_tokens: in
 # ----- one method on one prompt -------------------------------------------------------------------
 def run_method(engine, prompt_ids: list[int], spec, settings) -> dict:
     """Run one method to the end; return the measured part of its record (see :mod:`.records`)."""
-    steps = step_method(engine, prompt_ids, spec, settings)
+    return finish(step_method(engine, prompt_ids, spec, settings))
+
+
+def finish(gen: Generator):
+    """Run a generator to its end and return its return value (what it yields is dropped)."""
     while True:
         try:
-            next(steps)
+            next(gen)
         except StopIteration as done:
             return done.value
 
@@ -189,16 +193,18 @@ def engine_runner(engine, spec, settings) -> Runner:
                   lambda ids: step_method(engine, ids, spec, settings))
 
 
-def round_robin(runners: list[Runner], prompts: dict[str, list[int]]) -> Generator[None, None, dict[str, dict]]:
+def round_robin(runners: list[Runner], prompts: dict[str, list[int]],
+                log: list[StepTime] | None = None) -> Generator[None, None, dict[str, dict]]:
     """Every runner on its prompt, one step each in turn, the first runner being the baseline.
 
     Yields None about every :data:`TICK_S` seconds (closing the generator there drops the round), and
     returns ``{name: measured fields + "steady_steps"}``: each method's time in the baseline's
-    contemporaneous decoding steps (:func:`.weather.steady_steps`).
+    contemporaneous decoding steps (:func:`.weather.steady_steps`). Every step's
+    :class:`~.weather.StepTime` is appended to ``log`` when one is given.
     """
     streams: dict[str, Generator] = {}
     fields: dict[str, dict] = {}
-    log: list[StepTime] = []
+    log = [] if log is None else log
     started: set[str] = set()
     last_tick = time.perf_counter()
     try:
