@@ -516,8 +516,50 @@ def test_trainer_command_fine_tunes_a_given_head(tmp_path, monkeypatch):
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     recipe = json.loads((again / "recipe.json").read_text())
     assert recipe["init"] == str(first) and recipe["init_recipe"] == json.loads((first / "recipe.json").read_text())
+    # --extend-vocab grows the vocabulary: the old rows and every other weight carried over unchanged.
+    grown = tmp_path / "grown"
+    assert train_eagle.main(common + ["--out", str(grown), "--init", str(first), "--extend-vocab", "45",
+                                      "--max-steps", "2", "--lr", "1e-12", "--warmup", "1"]) == 0
+    c = read_eagle(grown)
+    assert c.draft_vocab_size == 45 and set(a.draft_ids.tolist()) <= set(c.draft_ids.tolist())
+    keep = torch.tensor([c.draft_ids.tolist().index(t) for t in a.draft_ids.tolist()])
+    assert torch.equal(c.lm_head.weight[keep], a.lm_head.weight)
+    sc = c.state_dict()
+    assert all(torch.equal(sa[k], sc[k]) for k in sa if k != "lm_head.weight")
+    assert json.loads((grown / "config.json").read_text())["draft_vocab_size"] == 45
+    assert train_eagle.main(common + ["--out", str(tmp_path / "z"), "--extend-vocab", "45"]) == 2  # needs --init
     assert train_eagle.main(common + ["--out", str(tmp_path / "x"), "--init", str(tmp_path / "missing")]) == 2
     # A head trained for another target (another hidden size) is refused with a message, not a traceback.
     other = tiny_llama(62, num_layers=3, hidden_size=48)
     monkeypatch.setattr("playground.engine.load_model", lambda *a, **k: _Loaded(other, eos_token_ids=[EOS]))
     assert train_eagle.main(common + ["--out", str(tmp_path / "y"), "--init", str(first)]) == 2
+
+
+def test_extend_vocabulary_adds_the_most_frequent_missing_answer_tokens():
+    """The grown vocabulary keeps every old id and adds the commonest answer tokens it lacked (never a
+    prompt token), sorted; a size below the old one is refused."""
+    from playground.training.eagle_data import extend_vocabulary
+    records = [{"input_ids": [50, 51, 7, 7, 7, 9, 9, 3], "prompt_len": 2}, {"input_ids": [52, 9, 4], "prompt_len": 1}]
+    grown = extend_vocabulary(torch.tensor([3, 4]), records, 4, 60)
+    assert grown.tolist() == [3, 4, 7, 9]
+    assert extend_vocabulary(torch.tensor([3, 4]), records, 5, 60).tolist() == [0, 3, 4, 7, 9]  # then unused ids
+    with pytest.raises(ValueError):
+        extend_vocabulary(torch.tensor([3, 4]), records, 1, 60)
+
+
+def test_extended_output_rows_keep_trained_rows_and_map_the_targets():
+    """Old ids keep their trained rows exactly; a new id gets the target's row through the linear map
+    the old rows fit (exact here, where the trained rows are a linear map of the target's)."""
+    from playground.training.eagle_data import extended_output_rows
+    g = torch.Generator().manual_seed(0)
+    target = torch.randn(40, 6, generator=g)
+    drift = torch.randn(6, 6, generator=g)
+    old_ids = torch.arange(0, 40, 3)  # 14 ids, more than the hidden size: the map is determined
+    old_rows = target[old_ids] @ drift
+    new_ids = torch.tensor(sorted(set(old_ids.tolist()) | {1, 5, 20}))
+    rows = extended_output_rows(old_ids, old_rows, new_ids, target)
+    for i, t in enumerate(new_ids.tolist()):
+        want = old_rows[old_ids.tolist().index(t)] if t in old_ids.tolist() else target[t] @ drift
+        assert torch.allclose(rows[i], want, atol=1e-4)
+    with pytest.raises(ValueError):
+        extended_output_rows(old_ids, old_rows, torch.tensor([1, 5]), target)

@@ -30,7 +30,10 @@ Recipe (Li et al. 2025, EAGLE-3; the reference implementation's ``traineagle3``)
 Resume: the trainer state is saved every ``--save-every`` steps in ``--state`` and resumed from there.
 Fine-tune: ``--init HEAD`` starts from a saved head (its weights, draft vocabulary, feature layers and
 MLP width) instead of the warm start above, e.g. the shipped head on newly generated rounds; the new
-``recipe.json`` keeps the fine-tuned head's own recipe under ``init_recipe``.
+``recipe.json`` keeps the fine-tuned head's own recipe under ``init_recipe``. With ``--extend-vocab N``
+the fine-tuned head's draft vocabulary grows to N ids (the most frequent answer tokens of
+``--vocab-data`` it lacks), the new output rows starting from the target's own rows mapped onto the
+trained ones (:func:`extended_output_rows`).
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from playground.training.cli import HelpFormatter, int_at_least
-from playground.training.eagle_data import draft_vocabulary, drop_seen_answers, read_records, split_held_out
+from playground.training.eagle_data import (draft_vocabulary, drop_seen_answers, extend_vocabulary,
+                                           extended_output_rows, read_records, split_held_out)
 
 __all__ = ["read_records", "split_held_out", "drop_seen_answers", "draft_vocabulary", "Teacher", "cache_features",
            "load_cached", "make_batch", "ttt_loss", "batches", "evaluate", "main"]
@@ -283,6 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init", default=None,
                    help="fine-tune this head (folder or hub id): its weights, draft vocabulary and shape")
     p.add_argument("--draft-vocab-size", type=pos, default=8192, help="draft vocabulary size")
+    p.add_argument("--extend-vocab", type=pos, default=None,
+                   help="with --init: grow its draft vocabulary to this many ids")
+    p.add_argument("--vocab-data", nargs="+", default=None,
+                   help="records that rank the tokens --extend-vocab adds (default: the training records)")
     p.add_argument("--intermediate-size", type=pos, default=None, help="MLP width of the head (default: the target's)")
     p.add_argument("--feature-layers", type=int, nargs=3, default=None,
                    help="the target layers read (0 = embeddings; default vLLM's (2, n/2, n-3))")
@@ -353,12 +361,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --init {args.init!r} reads layer {max(init.feature_layers)}, the target has "
                   f"{cfg.num_hidden_layers}", file=sys.stderr)
             return 2
-        print(f"[eagle] fine-tuning {args.init}: its shape, draft vocabulary ({init.draft_vocab_size} ids) and "
-              f"feature layers {list(init.feature_layers)} are kept (--draft-vocab-size, --feature-layers and "
+        print(f"[eagle] fine-tuning {args.init}: its shape, draft vocabulary ({init.draft_vocab_size} ids"
+              f"{f', grown to {args.extend_vocab}' if args.extend_vocab else ''}) and feature layers "
+              f"{list(init.feature_layers)} are kept (--draft-vocab-size, --feature-layers and "
               f"--intermediate-size do not apply)")
+    elif args.extend_vocab:
+        print("error: --extend-vocab grows the vocabulary of an --init head", file=sys.stderr)
+        return 2
     draft_ids, share = draft_vocabulary(train, args.draft_vocab_size, int(cfg.vocab_size), list(loaded.eos_token_ids))
     if init is not None:
         draft_ids = init.draft_ids.clone()
+        if args.extend_vocab:
+            try:
+                draft_ids = extend_vocabulary(draft_ids, read_records(args.vocab_data) if args.vocab_data else train,
+                                              args.extend_vocab, int(cfg.vocab_size))
+            except ValueError as e:
+                print(f"error: --extend-vocab: {e}", file=sys.stderr)
+                return 2
         counts = Counter(t for r in train for t in r["input_ids"][r["prompt_len"]:])
         share = sum(counts[int(t)] for t in draft_ids) / max(1, sum(counts.values()))
     elif saved is not None and len(saved["draft_ids"]) == args.draft_vocab_size:
@@ -366,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         draft_ids = saved["draft_ids"]
         counts = Counter(t for r in train for t in r["input_ids"][r["prompt_len"]:])
         share = sum(counts[int(t)] for t in draft_ids) / max(1, sum(counts.values()))
-    config = dict(init.config) if init is not None else head_config(cfg, len(draft_ids), args.feature_layers,
+    config = dict(init.config, draft_vocab_size=len(draft_ids)) if init is not None else head_config(cfg, len(draft_ids), args.feature_layers,
                                                                       args.intermediate_size)
     print(f"[eagle] {len(train)} training and {len(held)} held-out records ({n_held - len(held)} held out "
           f"with an answer a training record also has left out) "
@@ -385,8 +404,11 @@ def main(argv: list[str] | None = None) -> int:
     out_emb = model.get_output_embeddings().weight.detach().float()
     target_rows = out_emb[draft_ids.to(out_emb.device)].to(device)
     with torch.no_grad():
-        if init is not None:  # fine-tuning: the given head's weights
-            head.load_state_dict({k: v.float() for k, v in init.state_dict().items()})
+        if init is not None:  # fine-tuning: the given head's weights (output rows grown with the vocabulary)
+            weights = {k: v.float() for k, v in init.state_dict().items()}
+            weights["lm_head.weight"] = extended_output_rows(init.draft_ids, weights["lm_head.weight"], draft_ids,
+                                                             out_emb).to(device)
+            head.load_state_dict(weights)
         else:
             head.lm_head.weight.copy_(target_rows)
             head.norm.weight.copy_(model.get_decoder().norm.weight.detach().float())
