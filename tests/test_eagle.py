@@ -563,3 +563,17 @@ def test_extended_output_rows_keep_trained_rows_and_map_the_targets():
         assert torch.allclose(rows[i], want, atol=1e-4)
     with pytest.raises(ValueError):
         extended_output_rows(old_ids, old_rows, torch.tensor([1, 5]), target)
+
+
+def test_shipped_head_fits_the_size_limit_and_names_its_vocabulary():
+    """The shipped head stays within the issue's 30 MB, and its config's draft vocabulary is the one its
+    weights and vLLM's ``d2t`` map hold (16,384 ids since the vocabulary was grown)."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+    folder = Path(__file__).resolve().parent.parent / "assets" / "eagle" / "default"
+    assert (folder / "model.safetensors").stat().st_size < 30e6
+    config = json.loads((folder / "config.json").read_text())
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert f.get_slice("lm_head.weight").get_shape() == [config["draft_vocab_size"], config["hidden_size"]]
+        assert f.get_slice("d2t").get_shape() == [config["draft_vocab_size"]]
