@@ -50,10 +50,10 @@ from pathlib import Path
 
 import torch
 
-from playground.training.cli import HelpFormatter, int_at_least
+from playground.training.cli import HelpFormatter, int_at_least, progress_bar
 from playground.training.eagle_data import (draft_vocabulary, drop_seen_answers, extend_vocabulary,
                                            extended_output_rows, read_records, split_held_out)
-from playground.training.eagle_teacher import Teacher, _bar, cache_features, load_cached
+from playground.training.eagle_teacher import Teacher, cache_features, load_cached
 
 __all__ = ["read_records", "split_held_out", "drop_seen_answers", "draft_vocabulary", "Teacher", "cache_features",
            "load_cached", "make_batch", "ttt_loss", "batches", "evaluate", "main"]
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             return args.lr * (s + 1) / args.warmup
         return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - args.warmup) / max(1, total_steps - args.warmup))))
 
-    bar = _bar(total_steps, "train")
+    bar = progress_bar(total_steps, "train", True)
     bar.update(step)
     head.train()
     t_train, tokens_seen, ema, first_step = time.perf_counter(), 0, None, step

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from playground.training.cli import progress_bar
+from playground.training.records import padded_batch
 
 
 class Teacher:
@@ -38,12 +40,7 @@ class Teacher:
     def __call__(self, batch: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """For each id list: ``(features (L, 3H), final hidden (L, H))`` bfloat16 on the CPU."""
         dev = next(self.model.parameters()).device
-        L = max(len(x) for x in batch)
-        ids = torch.zeros(len(batch), L, dtype=torch.long)
-        mask = torch.zeros(len(batch), L, dtype=torch.long)
-        for i, x in enumerate(batch):
-            ids[i, :len(x)] = torch.tensor(x)
-            mask[i, :len(x)] = 1
+        ids, mask = padded_batch(batch)
         self.model.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), use_cache=False)
         feats = torch.cat([self.out[i] for i in self.layers], -1).to("cpu", torch.bfloat16)
         final = self.out["final"].to("cpu", torch.bfloat16)
@@ -59,7 +56,7 @@ def cache_features(teacher: Teacher, records: list[dict], cache_dir: Path, batch
     todo = [c for c in by_chunk if not _cache_file(cache_dir, c).exists()]
     total = sum(len(records[i]["input_ids"]) for c in todo for i in by_chunk[c])
     done, t0 = 0, time.perf_counter()
-    bar = _bar(total, "teacher forcing")
+    bar = progress_bar(total, "teacher forcing", True)
     for c in todo:
         idx = sorted(by_chunk[c], key=lambda i: len(records[i]["input_ids"]))
         tensors, start = {}, 0
@@ -101,15 +98,3 @@ def load_cached(records: list[dict], cache_dir: Path) -> list[tuple[torch.Tensor
         key = _record_key(r)
         out.append((files[r["chunk"]][f"{key}.f"], files[r["chunk"]][f"{key}.h"]))
     return out
-
-
-def _bar(total: int, desc: str):
-    try:
-        from tqdm import tqdm
-        return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, mininterval=2.0)
-    except ImportError:  # pragma: no cover
-        class Plain:
-            def update(self, n): pass
-            def set_postfix_str(self, s): pass
-            def close(self): pass
-        return Plain()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from playground.training.cli import progress_bar as _bar
+from playground.training.records import padded_batch
 
 IGNORE = -100
 """Label of positions that no head is trained on (cross-entropy's ignore index)."""
@@ -101,12 +102,7 @@ def collect_features(model, records: list[dict], num_heads: int, batch_size: int
     for start in range(0, len(order), batch_size):
         batch = [records[i] for i in order[start:start + batch_size]]
         seqs = [list(r["input_ids"][:max_len]) for r in batch]
-        width = max(len(s) for s in seqs)
-        ids = torch.zeros(len(seqs), width, dtype=torch.long)
-        mask = torch.zeros(len(seqs), width, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, :len(s)] = torch.tensor(s)
-            mask[i, :len(s)] = 1
+        ids, mask = padded_batch(seqs)
         out = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True,
                     logits_to_keep=1)
         states = out.hidden_states[-1]  # (batch, width, hidden_size), after the final norm

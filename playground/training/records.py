@@ -133,3 +133,15 @@ def split_records(records: list, held_out: float = 0.05, seed: int = 0) -> tuple
         if len(held) + len(groups[key]) < len(records):
             held.update(groups[key])
     return ([r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held])
+
+
+def padded_batch(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id lists right-padded into one batch: ``(ids, attention_mask)``, both ``(len(seqs),
+    longest)`` int64 on the CPU (pad id 0, mask 1 on real tokens)."""
+    width = max(len(x) for x in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, x in enumerate(seqs):
+        ids[i, :len(x)] = torch.tensor(x)
+        mask[i, :len(x)] = 1
+    return ids, mask
