@@ -5,6 +5,7 @@ drafting; checkpoints round-trip in vLLM's EAGLE-3 layout."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -478,7 +479,7 @@ def test_held_out_leaves_out_answers_the_training_records_have():
     assert drop_seen_answers(train, held) == [held[1], held[2]]  # [5] is not the answer [4, 5]
 
 
-def test_trainer_command_fine_tunes_a_given_head(tmp_path, monkeypatch):
+def test_trainer_command_fine_tunes_a_given_head(tmp_path, monkeypatch, capsys):
     """``python -m playground.training.eagle --init HEAD``: a second run starts from the saved head (its
     draft vocabulary, feature layers and weights: at a learning rate of 1e-12 the weights it saves are
     the ones it started from), records ``init`` and that head's own recipe in the recipe, and refuses a head
@@ -487,6 +488,7 @@ def test_trainer_command_fine_tunes_a_given_head(tmp_path, monkeypatch):
 
     from helpers import FakeLoaded
     from playground.training import eagle as train_eagle
+    from playground.training.eagle_data import extended_output_rows
 
     model = tiny_llama(61, num_layers=3)
 
@@ -526,8 +528,20 @@ def test_trainer_command_fine_tunes_a_given_head(tmp_path, monkeypatch):
     assert torch.equal(c.lm_head.weight[keep], a.lm_head.weight)
     sc = c.state_dict()
     assert all(torch.equal(sa[k], sc[k]) for k in sa if k != "lm_head.weight")
+    added = [i for i, t in enumerate(c.draft_ids.tolist()) if t not in set(a.draft_ids.tolist())]
+    want = extended_output_rows(a.draft_ids, a.lm_head.weight, c.draft_ids, model.get_output_embeddings().weight)
+    assert torch.allclose(c.lm_head.weight[added], want[added].half().float(), atol=1e-3)  # saved in float16
     assert json.loads((grown / "config.json").read_text())["draft_vocab_size"] == 45
+    # A rerun on more data resumes the grown head (its saved vocabulary), not a vocabulary ranked anew.
+    more = tmp_path / "more.jsonl"
+    more.write_text(data.read_text() + json.dumps({"input_ids": [1, 2, 3] + [59] * 30, "prompt_len": 3}) + "\n")
+    out = capsys.readouterr()
+    assert train_eagle.main([*common[:1], str(more), *common[2:], "--out", str(grown), "--init", str(first),
+                             "--extend-vocab", "45", "--max-steps", "3", "--lr", "1e-12", "--warmup", "1"]) == 0
+    assert "resumed at step 2" in capsys.readouterr().out and torch.equal(read_eagle(grown).draft_ids, c.draft_ids)
     assert train_eagle.main(common + ["--out", str(tmp_path / "z"), "--extend-vocab", "45"]) == 2  # needs --init
+    assert train_eagle.main(common + ["--out", str(tmp_path / "z"), "--init", str(first), "--extend-vocab", "45",
+                                      "--vocab-data", str(tmp_path / "missing.jsonl")]) == 2
     assert train_eagle.main(common + ["--out", str(tmp_path / "x"), "--init", str(tmp_path / "missing")]) == 2
     # A head trained for another target (another hidden size) is refused with a message, not a traceback.
     other = tiny_llama(62, num_layers=3, hidden_size=48)
@@ -543,8 +557,9 @@ def test_extend_vocabulary_adds_the_most_frequent_missing_answer_tokens():
     grown = extend_vocabulary(torch.tensor([3, 4]), records, 4, 60)
     assert grown.tolist() == [3, 4, 7, 9]
     assert extend_vocabulary(torch.tensor([3, 4]), records, 5, 60).tolist() == [0, 3, 4, 7, 9]  # then unused ids
-    with pytest.raises(ValueError):
-        extend_vocabulary(torch.tensor([3, 4]), records, 1, 60)
+    for size in (1, 61):  # below the old vocabulary, above the target's
+        with pytest.raises(ValueError):
+            extend_vocabulary(torch.tensor([3, 4]), records, size, 60)
 
 
 def test_extended_output_rows_keep_trained_rows_and_map_the_targets():
@@ -568,9 +583,6 @@ def test_extended_output_rows_keep_trained_rows_and_map_the_targets():
 def test_shipped_head_fits_the_size_limit_and_names_its_vocabulary():
     """The shipped head stays within the issue's 30 MB, and its config's draft vocabulary is the one its
     weights and vLLM's ``d2t`` map hold (16,384 ids since the vocabulary was grown)."""
-    from pathlib import Path
-
-    from safetensors import safe_open
     folder = Path(__file__).resolve().parent.parent / "assets" / "eagle" / "default"
     assert (folder / "model.safetensors").stat().st_size < 30e6
     config = json.loads((folder / "config.json").read_text())

@@ -45,13 +45,12 @@ import platform
 import random
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import torch
 
 from playground.training.cli import HelpFormatter, int_at_least, progress_bar
-from playground.training.eagle_data import (draft_vocabulary, drop_seen_answers, extend_vocabulary,
+from playground.training.eagle_data import (answer_share, draft_vocabulary, drop_seen_answers, extend_vocabulary,
                                            extended_output_rows, read_records, split_held_out)
 from playground.training.eagle_teacher import Teacher, cache_features, load_cached
 
@@ -228,6 +227,19 @@ def main(argv: list[str] | None = None) -> int:
     train, held = split_held_out(records, args.held_out, args.seed)
     n_held = len(held)
     held = drop_seen_answers(train, held)
+    if (args.extend_vocab or args.vocab_data) and not args.init:
+        print("error: --extend-vocab (and --vocab-data) grow the vocabulary of an --init head", file=sys.stderr)
+        return 2
+    vocab_records = train
+    if args.vocab_data:
+        try:
+            vocab_records = read_records(args.vocab_data)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: --vocab-data: {e}", file=sys.stderr)
+            return 2
+        if not vocab_records:
+            print("error: no records in --vocab-data", file=sys.stderr)
+            return 2
     init = None
     if args.init:  # checked before the target loads: a wrong path costs no waiting
         from playground.engine import EagleLoadError, load_eagle
@@ -262,28 +274,26 @@ def main(argv: list[str] | None = None) -> int:
               f"{f', grown to {args.extend_vocab}' if args.extend_vocab else ''}) and feature layers "
               f"{list(init.feature_layers)} are kept (--draft-vocab-size, --feature-layers and "
               f"--intermediate-size do not apply)")
-    elif args.extend_vocab:
-        print("error: --extend-vocab grows the vocabulary of an --init head", file=sys.stderr)
-        return 2
-    draft_ids, share = draft_vocabulary(train, args.draft_vocab_size, int(cfg.vocab_size), list(loaded.eos_token_ids))
     if init is not None:
         draft_ids = init.draft_ids.clone()
-        if args.extend_vocab:
+        if args.extend_vocab and saved is not None and saved.get("init") == args.init \
+                and len(saved["draft_ids"]) == args.extend_vocab:
+            draft_ids = saved["draft_ids"]  # resuming: the vocabulary this run grew first, whatever the data now
+        elif args.extend_vocab:
             try:
-                draft_ids = extend_vocabulary(draft_ids, read_records(args.vocab_data) if args.vocab_data else train,
-                                              args.extend_vocab, int(cfg.vocab_size))
+                draft_ids = extend_vocabulary(draft_ids, vocab_records, args.extend_vocab, int(cfg.vocab_size))
             except ValueError as e:
                 print(f"error: --extend-vocab: {e}", file=sys.stderr)
                 return 2
-        counts = Counter(t for r in train for t in r["input_ids"][r["prompt_len"]:])
-        share = sum(counts[int(t)] for t in draft_ids) / max(1, sum(counts.values()))
     elif saved is not None and len(saved["draft_ids"]) == args.draft_vocab_size:
-        # Resuming (possibly on more data): keep the vocabulary the saved head was trained with.
-        draft_ids = saved["draft_ids"]
-        counts = Counter(t for r in train for t in r["input_ids"][r["prompt_len"]:])
-        share = sum(counts[int(t)] for t in draft_ids) / max(1, sum(counts.values()))
-    config = dict(init.config, draft_vocab_size=len(draft_ids)) if init is not None else head_config(cfg, len(draft_ids), args.feature_layers,
-                                                                      args.intermediate_size)
+        draft_ids = saved["draft_ids"]  # resuming (possibly on more data): the vocabulary it was trained with
+    else:
+        draft_ids, _ = draft_vocabulary(train, args.draft_vocab_size, int(cfg.vocab_size), list(loaded.eos_token_ids))
+    share = answer_share(train, draft_ids)
+    if init is not None:
+        config = dict(init.config, draft_vocab_size=len(draft_ids))
+    else:
+        config = head_config(cfg, len(draft_ids), args.feature_layers, args.intermediate_size)
     print(f"[eagle] {len(train)} training and {len(held)} held-out records ({n_held - len(held)} held out "
           f"with an answer a training record also has left out) "
           f"({sum(len(r['input_ids']) - r['prompt_len'] for r in train)} answer tokens); draft vocabulary "
@@ -303,8 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         if init is not None:  # fine-tuning: the given head's weights (output rows grown with the vocabulary)
             weights = {k: v.float() for k, v in init.state_dict().items()}
-            weights["lm_head.weight"] = extended_output_rows(init.draft_ids, weights["lm_head.weight"], draft_ids,
-                                                             out_emb).to(device)
+            if len(draft_ids) > init.draft_vocab_size:
+                weights["lm_head.weight"] = extended_output_rows(init.draft_ids, weights["lm_head.weight"], draft_ids,
+                                                                 out_emb)
             head.load_state_dict(weights)
         else:
             head.lm_head.weight.copy_(target_rows)

@@ -1,5 +1,6 @@
-"""The EAGLE trainer's records: reading the generator's chunks, the held-out split, and the draft
-vocabulary (:mod:`playground.training.eagle` uses them; kept apart so each file stays short)."""
+"""The EAGLE trainer's records and vocabulary: reading the generator's chunks, the held-out split, the
+draft vocabulary, and growing a trained head's vocabulary with its new output rows
+(:mod:`playground.training.eagle` uses them; kept apart so each file stays short)."""
 
 from __future__ import annotations
 
@@ -51,26 +52,38 @@ def drop_seen_answers(train: list[dict], held: list[dict]) -> list[dict]:
 
 
 def draft_vocabulary(records: list[dict], size: int, vocab_size: int, always: list[int]) -> tuple[torch.Tensor, float]:
-    """The ``size`` most frequent answer tokens (plus ``always``), sorted; and their share of answer tokens."""
+    """The ``size`` most frequent answer tokens (plus ``always``, first), then the lowest unused ids should
+    the records know too few, sorted; and their share of answer tokens (:func:`answer_share`)."""
+    chosen = dict.fromkeys(int(t) for t in always if 0 <= t < vocab_size)
+    counts = _answer_counts(records)
+    for t in [t for t, _ in counts.most_common() if 0 <= t < vocab_size] + list(range(vocab_size)):
+        if len(chosen) >= size:
+            break
+        chosen.setdefault(t)
+    ids = torch.tensor(sorted(chosen), dtype=torch.long)
+    return ids, _share(counts, ids)
+
+
+def _answer_counts(records: list[dict]) -> Counter:
     counts = Counter()
     for r in records:
         counts.update(r["input_ids"][r["prompt_len"]:])
-    chosen = [t for t in always if 0 <= t < vocab_size]
-    for t, _ in counts.most_common():
-        if len(chosen) >= size:
-            break
-        if t not in chosen:
-            chosen.append(t)
-    rest = [t for t in range(vocab_size) if t not in set(chosen)]
-    chosen += rest[:size - len(chosen)]
-    total = sum(counts.values()) or 1
-    share = sum(counts[t] for t in chosen) / total
-    return torch.tensor(sorted(chosen), dtype=torch.long), share
+    return counts
+
+
+def _share(counts: Counter, ids: torch.Tensor) -> float:
+    return sum(counts[int(t)] for t in ids) / max(1, sum(counts.values()))
+
+
+def answer_share(records: list[dict], ids: torch.Tensor) -> float:
+    """The share of the records' answer tokens that are among ``ids`` (a draft vocabulary's coverage)."""
+    return _share(_answer_counts(records), ids)
 
 
 def extend_vocabulary(draft_ids: torch.Tensor, records: list[dict], size: int, vocab_size: int) -> torch.Tensor:
     """``draft_ids`` grown to ``size`` ids: the most frequent answer tokens of ``records`` not in it yet
-    (then the lowest unused ids, should the records know too few), sorted.
+    (then the lowest unused ids, should the records know too few), sorted (:func:`draft_vocabulary`
+    with the old ids always in).
 
     Raises:
         ValueError: ``size`` smaller than ``len(draft_ids)`` or larger than ``vocab_size``.
@@ -78,16 +91,7 @@ def extend_vocabulary(draft_ids: torch.Tensor, records: list[dict], size: int, v
     if not len(draft_ids) <= size <= vocab_size:
         raise ValueError(f"cannot grow a draft vocabulary of {len(draft_ids)} ids to {size} (target vocabulary "
                          f"{vocab_size})")
-    chosen = set(int(t) for t in draft_ids)
-    counts = Counter()
-    for r in records:
-        counts.update(r["input_ids"][r["prompt_len"]:])
-    ranked = [t for t, _ in counts.most_common() if 0 <= t < vocab_size] + list(range(vocab_size))
-    for t in ranked:
-        if len(chosen) >= size:
-            break
-        chosen.add(t)
-    return torch.tensor(sorted(chosen), dtype=torch.long)
+    return draft_vocabulary(records, size, vocab_size, [int(t) for t in draft_ids])[0]
 
 
 def extended_output_rows(old_ids: torch.Tensor, old_rows: torch.Tensor, new_ids: torch.Tensor,
@@ -101,23 +105,25 @@ def extended_output_rows(old_ids: torch.Tensor, old_rows: torch.Tensor, new_ids:
     start on the trained rows' scale rather than the target's.
 
     Args:
-        old_ids: ``(n,)`` target ids of the head's draft vocabulary; old_rows: ``(n, hidden)`` its rows.
+        old_ids: ``(n,)`` target ids of the head's draft vocabulary.
+        old_rows: ``(n, head_hidden)`` the head's trained output rows.
         new_ids: ``(m,)`` sorted target ids of the grown vocabulary (a superset of ``old_ids``).
-        target_rows: ``(vocab_size, hidden)`` the target's output layer.
+        target_rows: ``(vocab_size, target_hidden)`` the target's output layer (any device and dtype).
 
     Returns:
-        ``(m, hidden)`` float32 rows in ``new_ids`` order.
+        ``(m, head_hidden)`` float32 rows on the CPU, in ``new_ids`` order (the fit runs on the CPU: a
+        few thousand rows, and ``lstsq`` is not on every device).
 
     Raises:
         ValueError: ``new_ids`` missing an id of ``old_ids``.
     """
+    old_ids, new_ids = old_ids.cpu(), new_ids.cpu()
     old = {int(t): i for i, t in enumerate(old_ids)}
     if not set(old) <= set(int(t) for t in new_ids):
         raise ValueError("the grown vocabulary must keep every id of the old one")
-    target_rows = target_rows.float()
-    fit = torch.linalg.lstsq(target_rows[old_ids], old_rows.float()).solution  # (hidden, hidden)
-    mapped = target_rows[new_ids] @ fit
+    old_rows = old_rows.detach().float().cpu()
+    fit = torch.linalg.lstsq(target_rows[old_ids.to(target_rows.device)].float().cpu(), old_rows).solution
+    rows = target_rows[new_ids.to(target_rows.device)].float().cpu() @ fit  # (target_hidden, head_hidden) map
     keep = torch.tensor([old.get(int(t), -1) for t in new_ids])
-    rows = mapped.clone()
-    rows[keep >= 0] = old_rows.float()[keep[keep >= 0]]
+    rows[keep >= 0] = old_rows[keep[keep >= 0]]
     return rows
