@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import html
 import threading
+import time
 from dataclasses import dataclass, field
 
 import gradio as gr
@@ -26,10 +27,12 @@ from playground.backends.vllm.runner import Sampling, run_completion, run_to_end
 from playground.backends.vllm.server import ServerPool, VLLMServerError, parse_vllm_urls
 
 from . import render
-from .run_control import StopSignals
+from .run_control import EventPump, StopSignals
 
 STOPS = StopSignals()
 """Stop flags of the vLLM tab's runs in flight, one per browser session."""
+PUSH_S = 0.1
+"""Seconds between a panel's streamed text updates (the text received meanwhile goes in the next)."""
 MAX_NEW_TOKENS = 1024
 """Most new tokens the tab asks for (its slider's maximum; the servers' context is 2048)."""
 
@@ -174,6 +177,72 @@ def deploy_markdown(session: VLLMSession, names: list[str]) -> str:
     return "\n\n".join(out)
 
 
+def stream_methods(endpoints: dict, tokenizer, names: list[str], ids: list[int], sampling: Sampling,
+                   eos: list[int], flag: threading.Event, panels: dict, status, run=run_completion):
+    """The tab's run: each method of ``names`` in turn on its server, as updates of the tab's components.
+
+    Yields ``{component: value}`` dicts: every panel cleared, then per method its streamed text (at
+    most one update per :data:`PUSH_S`) and, when its answer is complete, the tokens coloured by
+    source, its statistics and the lossless badge against the baseline (``names[0]``); the last
+    update's ``status`` says "done", "stopped during M" (or "after M") or the error. The stream is pulled in a
+    helper thread (:class:`.run_control.EventPump`), so Stop (``flag`` set) is seen within
+    :data:`.run_control.POLL_S` even while no chunk arrives; the stream is then closed after its
+    current chunk, which makes vLLM abort the request, and the run's last update holds the text
+    received so far with "stopped".
+
+    Args:
+        endpoints: ``{method: Endpoint}`` of the running servers (a method without one gets a warning).
+        tokenizer: the target's tokenizer (token pieces for the coloured spans).
+        names: methods in run order, the baseline first.
+        ids: the prompt's token ids; ``sampling``: the request's sampling; ``eos``: stop token ids.
+        flag: the run's stop flag.
+        panels: ``{method: (text, stats, badge)}`` components; ``status``: the status component.
+        run: :func:`.runner.run_completion` or a stand-in with its signature (tests).
+    """
+    # Clear every panel: a previous run's text, stats and badge must not sit beside this one's.
+    yield {c: v for p in panels.values() for c, v in zip(p, (render.placeholder("not run yet"), "", ""))}
+    base = None
+    for m in names:
+        e = endpoints.get(m)
+        if e is None:
+            yield {status: render.status_html("warning", f"{m}: no server; press Start vLLM servers")}
+            continue
+        shown, pushed, last_push, complete = "", "", 0.0, False
+        yield {status: render.status_html("running", f"{m} on vLLM…")}
+        steps = EventPump(run(e, m, ids, sampling, eos), flag)
+        try:
+            for step in steps:
+                if step is not None and not step.done:
+                    shown += step.text
+                if step is None or not step.done:
+                    # At most one text update per PUSH_S: a stream of one update per token can
+                    # outrun the page, which then shows text late and takes Stop late.
+                    if shown != pushed and time.monotonic() - last_push >= PUSH_S:
+                        pushed, last_push = shown, time.monotonic()
+                        yield {panels[m][0]: f'<div class="tokens">{html.escape(shown)}</div>'}
+                    continue
+                stats, complete = step.stats, True
+                pieces = token_pieces(tokenizer, stats["output_ids"], step.sources)
+                base = stats if m == "autoregressive" else base
+                yield {panels[m][0]: f'<div class="tokens">{render.token_spans(pieces)}</div>',
+                       panels[m][1]: stats_markdown(stats, base["tokens_per_s"] if base else None,
+                                                    m == "autoregressive"),
+                       panels[m][2]: "" if m == "autoregressive" or base is None else lossless_badge(base, stats)}
+        except VLLMError as err:
+            yield {status: render.status_html("error", f"{m}: {err}")}
+            return
+        finally:
+            steps.close()  # the stream is closed after its current chunk: vLLM aborts the request
+        if flag.is_set() and complete:  # Stop between two methods
+            yield {status: render.status_html("stopped", f"stopped after {m}")}
+            return
+        if flag.is_set():  # Stop: the text received so far and "stopped", as the run's last update
+            yield {panels[m][0]: f'<div class="tokens">{html.escape(shown)}</div>',
+                   status: render.status_html("stopped", f"stopped during {m}")}
+            return
+    yield {status: render.status_html("done", "done")}
+
+
 def build(session: VLLMSession, engine) -> None:
     """Lay out the vLLM tab inside the current Blocks/Tab (``engine`` builds the prompts: its
     tokenizer and chat template, as the built-in panels use)."""
@@ -239,39 +308,8 @@ def build(session: VLLMSession, engine) -> None:
         except ValueError as e:
             yield {status: render.status_html("warning", str(e))}
             return
-        eos = list(engine.target.eos_token_ids)
-        # Clear every panel: a previous run's text, stats and badge must not sit beside this one's.
-        yield {c: v for p in panels.values() for c, v in zip(p, (render.placeholder("not run yet"), "", ""))}
-        base = None
-        for m in names:
-            e = session.pool.endpoints.get(m)
-            if e is None:
-                yield {status: render.status_html("warning", f"{m}: no server; press Start vLLM servers")}
-                continue
-            shown = ""
-            yield {status: render.status_html("running", f"{m} on vLLM…")}
-            steps = run_completion(e, m, ids, Sampling(int(n)), eos)
-            try:
-                for step in steps:
-                    if flag.is_set():  # Stop: close the stream (vLLM aborts the request) and say so last
-                        steps.close()
-                        yield {status: render.status_html("stopped", f"stopped during {m}")}
-                        return
-                    if not step.done:
-                        shown += step.text
-                        yield {panels[m][0]: f'<div class="tokens">{html.escape(shown)}</div>'}
-                        continue
-                    stats = step.stats
-                    pieces = token_pieces(engine.target.tokenizer, stats["output_ids"], step.sources)
-                    base = stats if m == "autoregressive" else base
-                    yield {panels[m][0]: f'<div class="tokens">{render.token_spans(pieces)}</div>',
-                           panels[m][1]: stats_markdown(stats, base["tokens_per_s"] if base else None,
-                                                        m == "autoregressive"),
-                           panels[m][2]: "" if m == "autoregressive" or base is None else lossless_badge(base, stats)}
-            except VLLMError as err:
-                yield {status: render.status_html("error", f"{m}: {err}")}
-                return
-        yield {status: render.status_html("done", "done")}
+        yield from stream_methods(session.pool.endpoints, engine.target.tokenizer, names, ids,
+                                  Sampling(int(n)), list(engine.target.eos_token_ids), flag, panels, status)
 
     start.click(on_start, [chosen], [status])
 
@@ -282,8 +320,8 @@ def build(session: VLLMSession, engine) -> None:
     def on_stop(request: gr.Request):
         STOPS.stop(getattr(request, "session_hash", None))
 
-    # As on the Playground (see run_control): Stop sets a flag the run checks after every token,
-    # so the run's own last update says "stopped" and no text can follow it.
+    # As on the Playground (see run_control): Stop sets a flag the run checks after every chunk and
+    # every POLL_S while none arrives, so the run's own last update says "stopped" and no text follows it.
     run.click(arm, None, [run, stop], api_visibility="private", queue=False).then(
         on_run, [chosen, prompt, max_new], outputs).then(
         lambda: (gr.Button(interactive=True), gr.Button(interactive=False)), None, [run, stop],
