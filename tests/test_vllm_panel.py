@@ -4,6 +4,7 @@ Stop) against a local stand-in server replaying a recorded vLLM stream."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -93,13 +94,13 @@ FIXTURE = Path(__file__).parent / "fixtures" / "vllm" / "base_list.sse"
 
 
 class _SlowServer:
-    """Serves ``base_list.sse`` (recorded from vLLM) on /v1/completions, one event every ``delay_s``;
-    with ``stall_after`` set, it stops sending after that many events until ``release`` is set.
-    ``closed`` is set when the client went away before the stream's end (vLLM then aborts)."""
+    """Serves ``base_list.sse`` (recorded from vLLM) on /v1/completions; with ``stall_after`` set it
+    sends that many events, sets ``stalled`` and sends nothing more (for 10 s, or until the client hangs up).
+    ``gone`` is set when the client hung up before the stream's end (vLLM then aborts the request)."""
 
-    def __init__(self, delay_s: float = 0.0, stall_after: int | None = None):
+    def __init__(self, stall_after: int | None = None):
         events = [line for line in FIXTURE.read_text().splitlines() if line.startswith("data:")]
-        self.release, self.closed, self.sent = threading.Event(), threading.Event(), 0
+        self.stalled, self.gone = threading.Event(), threading.Event()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -112,29 +113,31 @@ class _SlowServer:
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
                 try:
-                    for i, line in enumerate(events):
-                        if stall_after is not None and i == stall_after:
-                            outer.release.wait(10)
+                    for i, line in enumerate(events):  # the recorded stream ends with its [DONE]
+                        if i == stall_after:
+                            outer.stalled.set()
+                            # a hung-up client shows as EOF on the request's socket
+                            self.connection.settimeout(10)
+                            if not self.connection.recv(1, socket.MSG_PEEK):
+                                outer.gone.set()
+                                return
                         self.wfile.write((line + "\n\n").encode())
                         self.wfile.flush()
-                        outer.sent += 1
-                        time.sleep(delay_s)
-                        if stall_after is not None and i >= stall_after:  # give the client time to hang up
-                            time.sleep(0.2)
                 except (BrokenPipeError, ConnectionResetError):
-                    outer.closed.set()
+                    outer.gone.set()
+                except TimeoutError:
+                    pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         self.endpoint = Endpoint("autoregressive", f"http://127.0.0.1:{self.httpd.server_port}", "autoregressive")
-        self.events = len(events)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.release.set()
         self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 class _Tokenizer:
@@ -148,46 +151,83 @@ class _Tokenizer:
 PANELS = {"autoregressive": ("text", "stats", "badge")}
 
 
-def _status(update) -> str:
-    return update.get("status", "")
-
-
-def test_the_tab_streams_at_most_one_text_update_per_interval_then_colours_the_answer():
-    """A burst of streamed chunks becomes a few text updates, not one per token (one per token can
-    outrun the page, which then takes Stop late); the last panel update is the coloured answer."""
+def _run(server, flag, names=("autoregressive",)):
     from playground.backends.vllm.runner import Sampling
     from playground.ui.vllm_panel import stream_methods
 
+    return stream_methods({"autoregressive": server.endpoint}, _Tokenizer(), list(names), [1, 2, 3],
+                          Sampling(32), [2], flag, PANELS, "status")
+
+
+def test_the_tab_streams_text_at_most_every_push_interval_then_colours_the_answer(monkeypatch):
+    """Streamed chunks become at most one text update per PUSH_S, not one per token (one per token can
+    outrun the page, which then takes Stop late); the answer then replaces them, coloured, with stats."""
+    from playground.ui import vllm_panel
+
+    monkeypatch.setattr(vllm_panel, "PUSH_S", 60.0)
     with _SlowServer() as server:
-        updates = list(stream_methods({"autoregressive": server.endpoint}, _Tokenizer(), ["autoregressive"],
-                                      [1, 2, 3], Sampling(32), [2], threading.Event(), PANELS, "status"))
+        updates = list(_run(server, threading.Event()))
     texts = [u["text"] for u in updates if "text" in u]
-    assert server.events >= 20 and 2 <= len(texts) <= 6  # cleared, a few streamed updates, the answer
-    assert 'class="tok' in texts[-1] and "tok/s" in updates[-2]["stats"]
-    assert "done" in _status(updates[-1])
+    assert len(texts) == 3  # cleared, the first chunk's text, the answer: not one per token
+    assert texts[1] == '<div class="tokens">Apple</div>'
+    assert '<span class="tok' in texts[2] and "tok/s" in updates[-2]["stats"]
+    assert "done" in updates[-1]["status"] and "stopped" not in updates[-1]["status"]
 
 
-def test_stop_ends_the_run_at_once_even_while_no_chunk_arrives():
-    """Stop while the server sends nothing: the run's last update says "stopped" within a poll
-    interval and holds the text received so far; the connection is then closed (vLLM aborts)."""
-    from playground.backends.vllm.runner import Sampling
+def test_stop_ends_the_run_at_once_while_no_chunk_arrives_and_cuts_the_connection():
+    """Stop while the server sends nothing: the run's last update says "stopped" within a few poll
+    intervals and holds all the text received; the connection is cut at once, so vLLM can abort."""
     from playground.ui import run_control
-    from playground.ui.vllm_panel import stream_methods
 
     flag = threading.Event()
-    with _SlowServer(delay_s=0.01, stall_after=5) as server:
-        run = stream_methods({"autoregressive": server.endpoint}, _Tokenizer(), ["autoregressive"],
-                             [1, 2, 3], Sampling(32), [2], flag, PANELS, "status")
+    with _SlowServer(stall_after=6) as server:
+        updates, ended = [], []
+        run = _run(server, flag)
+
+        def consume():
+            updates.extend(run)
+            ended.append(time.monotonic())
+
+        consumer = threading.Thread(target=consume, daemon=True)
+        consumer.start()
+        assert server.stalled.wait(10)
+        time.sleep(2 * run_control.POLL_S)  # the run is now waiting on a quiet stream
+        t_stop = time.monotonic()
+        flag.set()
+        consumer.join(10)
+        assert ended and ended[0] - t_stop < 3 * run_control.POLL_S + 0.5
+        assert "stopped during autoregressive" in updates[-1]["status"]
+        assert updates[-1]["text"] == '<div class="tokens">Apple, Banana, Cherry</div>'  # the 6 events sent
+        assert server.gone.wait(5), "the connection stayed open after Stop"
+
+
+def test_stop_after_the_last_answer_says_done_and_a_later_method_is_not_asked():
+    """Stop set once the only method's answer is complete: the run says "done". Stop set before a
+    method starts: no request is sent and the run says "stopped"."""
+    flag = threading.Event()
+    with _SlowServer() as server:
+        updates = []
+        for u in _run(server, flag):
+            updates.append(u)
+            if '<span class="tok' in u.get("text", ""):
+                flag.set()
+    assert "done" in updates[-1]["status"]
+    flag = threading.Event()
+    with _SlowServer() as server:
+        run = _run(server, flag, names=("autoregressive", "autoregressive"))
         updates = []
         for u in run:
             updates.append(u)
-            if server.sent >= 5 and not flag.is_set():
+            if '<span class="tok' in u.get("text", ""):
                 flag.set()
-                t_stop = time.monotonic()
-        waited = time.monotonic() - t_stop
-        assert waited < 3 * run_control.POLL_S + 0.5
-        assert "stopped during autoregressive" in _status(updates[-1])
-        assert updates[-1]["text"].startswith('<div class="tokens">Apple')  # what arrived before Stop
-        server.release.set()  # the stalled chunk arrives: the helper thread closes the stream
-        assert server.closed.wait(5), "the connection stayed open after Stop"
-        assert server.sent < server.events
+    assert "stopped after autoregressive" in updates[-1]["status"]
+    assert sum('<span class="tok' in u.get("text", "") for u in updates) == 1
+
+
+def test_a_stream_cut_mid_answer_is_an_error_not_an_answer():
+    """A body that ends without vLLM's closing ``data: [DONE]`` (the connection was cut) raises."""
+    from playground.backends.vllm import client as C
+
+    lines = [line for line in FIXTURE.read_text().splitlines() if line.startswith("data:")][:5]
+    with pytest.raises(C.VLLMError, match="without its closing"):
+        list(C.read_stream(C.iter_events(lines)))

@@ -83,14 +83,16 @@ class EventPump:
 
     Iterating yields each event of ``events`` in order, or ``None`` when ``poll_s`` passed with
     no event (the caller may update its status), and ends when ``events`` is exhausted or
-    ``stop`` is set. An exception raised by ``events`` is raised again by the iteration.
+    ``stop`` is set; :meth:`drain` then hands over the events that had arrived but were not
+    yielded. An exception raised by ``events`` is raised again by the iteration.
     :meth:`close` ends the run: ``events`` (a generator) is closed in the helper thread once
     its current ``next()`` returns (a generator cannot be closed while it runs), which cancels
     the engine run after its current step; whatever the engine is inside then completes in the
     background (a calibration is kept for the next run).
 
     Args:
-        events: the run's event iterator (:func:`~playground.ui.worker.stream_run`'s generator).
+        events: the run's event iterator (:func:`~playground.ui.worker.stream_run`'s generator on
+            the Playground, :func:`~playground.backends.vllm.runner.run_completion`'s on the vLLM tab).
         stop: the run's stop flag (None: never stopped from outside).
         poll_s: seconds between checks of ``stop`` while waiting.
     """
@@ -118,7 +120,7 @@ class EventPump:
             if close is not None:
                 close()
 
-    def __iter__(self) -> Iterator[dict | None]:
+    def __iter__(self) -> Iterator[object | None]:
         while not self._abandoned.is_set():
             if self.stop is not None and self.stop.is_set():
                 return
@@ -132,6 +134,18 @@ class EventPump:
             if isinstance(item, BaseException):
                 raise item
             yield item
+
+    def drain(self) -> list:
+        """The events that have arrived and were not yielded (after a stop), without waiting; an
+        exception or the end among them is dropped."""
+        out = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return out
+            if item is not self._END and not isinstance(item, BaseException):
+                out.append(item)
 
     def close(self) -> None:
         """End the run (see the class); returns at once, never waits for the engine."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,17 +23,19 @@ import gradio as gr
 
 from playground.backends.vllm import methods as vm
 from playground.backends.vllm.bench import TIMING
-from playground.backends.vllm.client import VLLMError
+from playground.backends.vllm.client import VLLMError, abort
 from playground.backends.vllm.runner import Sampling, run_completion, run_to_end
 from playground.backends.vllm.server import ServerPool, VLLMServerError, parse_vllm_urls
 
 from . import render
 from .run_control import EventPump, StopSignals
 
+log = logging.getLogger(__name__)
 STOPS = StopSignals()
 """Stop flags of the vLLM tab's runs in flight, one per browser session."""
 PUSH_S = 0.1
-"""Seconds between a panel's streamed text updates (the text received meanwhile goes in the next)."""
+"""Least seconds between two streamed text updates of a panel (the text received meanwhile goes in the
+next one, at the latest a :data:`.run_control.POLL_S` later)."""
 MAX_NEW_TOKENS = 1024
 """Most new tokens the tab asks for (its slider's maximum; the servers' context is 2048)."""
 
@@ -182,18 +185,18 @@ def stream_methods(endpoints: dict, tokenizer, names: list[str], ids: list[int],
     """The tab's run: each method of ``names`` in turn on its server, as updates of the tab's components.
 
     Yields ``{component: value}`` dicts: every panel cleared, then per method its streamed text (at
-    most one update per :data:`PUSH_S`) and, when its answer is complete, the tokens coloured by
-    source, its statistics and the lossless badge against the baseline (``names[0]``); the last
-    update's ``status`` says "done", "stopped during M" (or "after M") or the error. The stream is pulled in a
-    helper thread (:class:`.run_control.EventPump`), so Stop (``flag`` set) is seen within
-    :data:`.run_control.POLL_S` even while no chunk arrives; the stream is then closed after its
-    current chunk, which makes vLLM abort the request, and the run's last update holds the text
-    received so far with "stopped".
+    least :data:`PUSH_S` between two updates) and, when its answer is complete, the tokens coloured
+    by source, its statistics and the lossless badge against the ``autoregressive`` run (the caller
+    puts it first). The last update's ``status`` says "done", "stopped during M" / "stopped after M",
+    or what went wrong. The stream is pulled in a helper thread (:class:`.run_control.EventPump`), so
+    Stop (``flag`` set) is seen within :data:`.run_control.POLL_S` even while no chunk arrives; the
+    connection is then cut (:func:`.client.abort`), which makes vLLM abort the request, and the run's
+    last update holds every chunk received before it.
 
     Args:
         endpoints: ``{method: Endpoint}`` of the running servers (a method without one gets a warning).
         tokenizer: the target's tokenizer (token pieces for the coloured spans).
-        names: methods in run order, the baseline first.
+        names: methods in run order, ``autoregressive`` first.
         ids: the prompt's token ids; ``sampling``: the request's sampling; ``eos``: stop token ids.
         flag: the run's stop flag.
         panels: ``{method: (text, stats, badge)}`` components; ``status``: the status component.
@@ -201,45 +204,58 @@ def stream_methods(endpoints: dict, tokenizer, names: list[str], ids: list[int],
     """
     # Clear every panel: a previous run's text, stats and badge must not sit beside this one's.
     yield {c: v for p in panels.values() for c, v in zip(p, (render.placeholder("not run yet"), "", ""))}
-    base = None
+    base, last = None, None
     for m in names:
+        if flag.is_set():  # Stop between two methods: the next one is not even asked
+            yield {status: render.status_html("stopped", f"stopped after {last}" if last else "stopped")}
+            return
         e = endpoints.get(m)
         if e is None:
             yield {status: render.status_html("warning", f"{m}: no server; press Start vLLM servers")}
             continue
-        shown, pushed, last_push, complete = "", "", 0.0, False
+        shown, pushed, last_push, final = "", "", 0.0, None
         yield {status: render.status_html("running", f"{m} on vLLM…")}
-        steps = EventPump(run(e, m, ids, sampling, eos), flag)
+        opened = []
+        steps = EventPump(run(e, m, ids, sampling, eos, on_open=opened.append), flag)
         try:
             for step in steps:
-                if step is not None and not step.done:
+                if step is not None and step.done:
+                    final = step
+                    break
+                if step is not None:
                     shown += step.text
-                if step is None or not step.done:
-                    # At most one text update per PUSH_S: a stream of one update per token can
-                    # outrun the page, which then shows text late and takes Stop late.
-                    if shown != pushed and time.monotonic() - last_push >= PUSH_S:
-                        pushed, last_push = shown, time.monotonic()
-                        yield {panels[m][0]: f'<div class="tokens">{html.escape(shown)}</div>'}
-                    continue
-                stats, complete = step.stats, True
-                pieces = token_pieces(tokenizer, stats["output_ids"], step.sources)
-                base = stats if m == "autoregressive" else base
-                yield {panels[m][0]: f'<div class="tokens">{render.token_spans(pieces)}</div>',
-                       panels[m][1]: stats_markdown(stats, base["tokens_per_s"] if base else None,
-                                                    m == "autoregressive"),
-                       panels[m][2]: "" if m == "autoregressive" or base is None else lossless_badge(base, stats)}
-        except VLLMError as err:
-            yield {status: render.status_html("error", f"{m}: {err}")}
+                # A text update at most every PUSH_S: one update per token can outrun the page,
+                # which then shows text late and takes Stop late.
+                if shown != pushed and time.monotonic() - last_push >= PUSH_S:
+                    pushed, last_push = shown, time.monotonic()
+                    yield {panels[m][0]: f'<div class="tokens">{html.escape(shown)}</div>'}
+            if final is None and flag.is_set():  # what had arrived when Stop was seen still counts
+                for step in steps.drain():
+                    if step.done:
+                        final = step
+                    else:
+                        shown += step.text
+        except Exception as err:  # noqa: BLE001  (never let a run take the server down)
+            if not isinstance(err, VLLMError):
+                log.exception("vLLM tab run of %s failed", m)
+            yield {panels[m][0]: f'<div class="tokens">{html.escape(shown)}</div>',
+                   status: render.status_html("error", f"{m}: {err}")}
             return
         finally:
-            steps.close()  # the stream is closed after its current chunk: vLLM aborts the request
-        if flag.is_set() and complete:  # Stop between two methods
-            yield {status: render.status_html("stopped", f"stopped after {m}")}
-            return
-        if flag.is_set():  # Stop: the text received so far and "stopped", as the run's last update
+            steps.close()
+            for response in opened:  # a read blocked on a quiet stream returns now; vLLM aborts the request
+                if final is None:
+                    abort(response)
+        if final is None:  # stopped mid-answer: the text received and "stopped", as the run's last update
             yield {panels[m][0]: f'<div class="tokens">{html.escape(shown)}</div>',
                    status: render.status_html("stopped", f"stopped during {m}")}
             return
+        stats, last = final.stats, m
+        pieces = token_pieces(tokenizer, stats["output_ids"], final.sources)
+        base = stats if m == "autoregressive" else base
+        yield {panels[m][0]: f'<div class="tokens">{render.token_spans(pieces)}</div>',
+               panels[m][1]: stats_markdown(stats, base["tokens_per_s"] if base else None, m == "autoregressive"),
+               panels[m][2]: "" if m == "autoregressive" or base is None else lossless_badge(base, stats)}
     yield {status: render.status_html("done", "done")}
 
 

@@ -34,7 +34,10 @@ sources together to recover each step and the source of each token.
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -164,8 +167,9 @@ def iter_events(lines: Iterable[bytes | str]) -> Iterator[dict]:
         lines: the response body line by line (bytes or str, with or without line ends).
 
     Raises:
-        VLLMError: an event is not JSON, or is an error event (vLLM streams
-            ``{"error": {...}}`` when a request fails after the stream began).
+        VLLMError: an event is not JSON, is an error event (vLLM streams ``{"error": {...}}``
+            when a request fails after the stream began), or the body ends without ``[DONE]``
+            (the connection was cut mid-answer).
     """
     for raw in lines:
         line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
@@ -182,6 +186,7 @@ def iter_events(lines: Iterable[bytes | str]) -> Iterator[dict]:
         if "error" in event:
             raise VLLMError(f"the server reported an error during the stream: {error_message(event)}")
         yield event
+    raise VLLMError("the stream ended without its closing 'data: [DONE]' (the connection was cut)")
 
 
 def error_message(payload: dict | str) -> str:
@@ -271,12 +276,15 @@ def get_json(url: str, timeout: float = 10.0) -> dict:
         raise VLLMError(f"{url} did not answer JSON: {text[:200]!r}") from None
 
 
-def stream_completion(base_url: str, body: dict, timeout: float = 600.0) -> Iterator[Chunk]:
+def stream_completion(base_url: str, body: dict, timeout: float = 600.0,
+                      on_open: Callable[[object], None] | None = None) -> Iterator[Chunk]:
     """Send one completion request (``body`` from :func:`completion_body`) and yield its chunks as
     they arrive; the return value is the :class:`Completion`.
 
     Closing the generator early (Stop on the page) closes the connection, and vLLM aborts a
-    request whose client went away, so the server stops decoding it.
+    request whose client went away, so the server stops decoding it. A generator blocked in a
+    read cannot be closed from another thread: ``on_open`` gets the open response, which
+    :func:`abort` then cuts from any thread.
 
     Raises:
         VLLMError: the server cannot be reached, refuses the request (its message is kept), or
@@ -285,15 +293,37 @@ def stream_completion(base_url: str, body: dict, timeout: float = 600.0) -> Iter
     url = base_url.rstrip("/") + "/v1/completions"
     t0 = time.perf_counter()
     response = _open(url, body, timeout)
+    if on_open is not None:
+        on_open(response)
     try:
         done = yield from read_stream(iter_events(response), lambda: time.perf_counter() - t0)
-    except (OSError, urllib.error.URLError) as e:
+    except (OSError, urllib.error.URLError, http.client.HTTPException) as e:
         raise VLLMError(f"the stream from {url} broke off: {e}") from None
     finally:
         response.close()
     if not done.chunks:
         raise VLLMError(f"{url} ended the stream without any token")
     return done
+
+
+def abort(response) -> None:
+    """Cut an open streaming response (from :func:`stream_completion`'s ``on_open``) from any thread:
+    its socket is shut down, so a read blocked on it returns at once and vLLM sees the client gone
+    and aborts the request. Does nothing when the response is closed already."""
+    try:
+        fd = response.fileno()
+    except (OSError, ValueError, AttributeError):
+        return
+    try:
+        sock = socket.socket(fileno=os.dup(fd))  # a duplicate: shutting it down ends the connection
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
 
 
 # ----- the server's /metrics -------------------------------------------------------------------

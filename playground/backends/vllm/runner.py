@@ -111,12 +111,13 @@ def record_fields(done: Completion, method: str, eos_token_ids: list[int] = ()) 
 
 
 def run_completion(endpoint: Endpoint, method: str, prompt_ids: list[int], sampling: Sampling,
-                   eos_token_ids: list[int] = (), timeout: float = 600.0) -> Iterator[VLLMStep]:
+                   eos_token_ids: list[int] = (), timeout: float = 600.0, on_open=None) -> Iterator[VLLMStep]:
     """Stream one method's answer from its server.
 
     Yields a :class:`VLLMStep` per streamed event, then a last one with ``done=True`` and the
     run's :func:`record_fields` in ``stats``. Closing the generator (Stop) closes the
-    connection; vLLM then aborts the request.
+    connection; vLLM then aborts the request. ``on_open`` is passed to
+    :func:`.client.stream_completion` (it gets the open response, for :func:`.client.abort`).
 
     Raises:
         .client.VLLMError: the server refused or broke off the request.
@@ -124,14 +125,17 @@ def run_completion(endpoint: Endpoint, method: str, prompt_ids: list[int], sampl
     body = completion_body(endpoint.model, prompt_ids, sampling.max_new_tokens, temperature=sampling.temperature,
                            top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed,
                            stop_token_ids=eos_token_ids)
-    stream = stream_completion(endpoint.url, body, timeout)
-    while True:
-        try:
-            chunk: Chunk = next(stream)
-        except StopIteration as stop:
-            done: Completion = stop.value
-            break
-        yield VLLMStep(chunk.token_ids, chunk.text, chunk.t)
+    stream = stream_completion(endpoint.url, body, timeout, on_open)
+    try:
+        while True:
+            try:
+                chunk: Chunk = next(stream)
+            except StopIteration as stop:
+                done: Completion = stop.value
+                break
+            yield VLLMStep(chunk.token_ids, chunk.text, chunk.t)
+    finally:
+        stream.close()
     stats = record_fields(done, method, list(eos_token_ids))
     yield VLLMStep([], "", done.t_end, True, stats.pop("sources"), stats)
 
