@@ -94,25 +94,40 @@ FIXTURE = Path(__file__).parent / "fixtures" / "vllm" / "base_list.sse"
 
 
 class _SlowServer:
-    """Serves ``base_list.sse`` (recorded from vLLM) on /v1/completions; with ``stall_after`` set it
-    sends that many events, sets ``stalled`` and sends nothing more (for 10 s, or until the client hangs up).
-    ``gone`` is set when the client hung up before the stream's end (vLLM then aborts the request)."""
+    """Serves ``base_list.sse`` (recorded from vLLM) on /v1/completions as vLLM does (HTTP/1.1,
+    chunked). With ``stall_after`` set it sends that many events, sets ``stalled`` and sends
+    nothing more (for 10 s, or until the client hangs up); with ``hold`` it answers only once
+    ``hold`` is set. ``posts`` counts requests; ``gone`` is set when the client hung up before the
+    stream's end (vLLM then aborts the request)."""
 
-    def __init__(self, stall_after: int | None = None):
+    def __init__(self, stall_after: int | None = None, hold: threading.Event | None = None):
         events = [line for line in FIXTURE.read_text().splitlines() if line.startswith("data:")]
-        self.stalled, self.gone = threading.Event(), threading.Event()
+        self.stalled, self.gone, self.posted = threading.Event(), threading.Event(), threading.Event()
+        self.posts = 0
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
             def log_message(self, *args):
                 pass
 
+            def send_chunk(self, data: bytes) -> None:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
             def do_POST(self):
                 self.rfile.read(int(self.headers["Content-Length"]))
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.end_headers()
+                outer.posts += 1
+                outer.posted.set()
+                if hold is not None:
+                    hold.wait(10)
                 try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
                     for i, line in enumerate(events):  # the recorded stream ends with its [DONE]
                         if i == stall_after:
                             outer.stalled.set()
@@ -121,8 +136,10 @@ class _SlowServer:
                             if not self.connection.recv(1, socket.MSG_PEEK):
                                 outer.gone.set()
                                 return
-                        self.wfile.write((line + "\n\n").encode())
-                        self.wfile.flush()
+                        self.send_chunk((line + "\n\n").encode())
+                        if hold is not None:
+                            time.sleep(0.05)
+                    self.send_chunk(b"")
                 except (BrokenPipeError, ConnectionResetError):
                     outer.gone.set()
                 except TimeoutError:
@@ -174,30 +191,49 @@ def test_the_tab_streams_text_at_most_every_push_interval_then_colours_the_answe
     assert "done" in updates[-1]["status"] and "stopped" not in updates[-1]["status"]
 
 
+def _consume(run, updates: list, ended: list) -> threading.Thread:
+    def consume():
+        updates.extend(run)
+        ended.append(time.monotonic())
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_stop_ends_the_run_at_once_while_no_chunk_arrives_and_cuts_the_connection():
-    """Stop while the server sends nothing: the run's last update says "stopped" within a few poll
-    intervals and holds all the text received; the connection is cut at once, so vLLM can abort."""
+    """Stop while the server sends nothing: the run's last update says "stopped" at once (the server
+    would stay quiet for 10 s) and holds all the text received; the connection is cut, so vLLM aborts."""
     from playground.ui import run_control
 
     flag = threading.Event()
     with _SlowServer(stall_after=6) as server:
         updates, ended = [], []
-        run = _run(server, flag)
-
-        def consume():
-            updates.extend(run)
-            ended.append(time.monotonic())
-
-        consumer = threading.Thread(target=consume, daemon=True)
-        consumer.start()
+        consumer = _consume(_run(server, flag), updates, ended)
         assert server.stalled.wait(10)
         time.sleep(2 * run_control.POLL_S)  # the run is now waiting on a quiet stream
         t_stop = time.monotonic()
         flag.set()
         consumer.join(10)
-        assert ended and ended[0] - t_stop < 3 * run_control.POLL_S + 0.5
+        assert ended and ended[0] - t_stop < 3.0
         assert "stopped during autoregressive" in updates[-1]["status"]
         assert updates[-1]["text"] == '<div class="tokens">Apple, Banana, Cherry</div>'  # the 6 events sent
+        assert server.gone.wait(5), "the connection stayed open after Stop"
+
+
+def test_stop_before_the_server_answers_cuts_the_connection_when_it_does():
+    """Stop while the request waits for the server's answer (a long prefill, a queue): the run ends
+    at once, and the connection is cut the moment the answer starts, so vLLM aborts it."""
+    flag, hold = threading.Event(), threading.Event()
+    with _SlowServer(stall_after=0, hold=hold) as server:  # its answer: headers, then nothing
+        updates, ended = [], []
+        consumer = _consume(_run(server, flag), updates, ended)
+        assert server.posted.wait(10)
+        flag.set()
+        consumer.join(10)
+        assert ended and "stopped during autoregressive" in updates[-1]["status"]
+        assert updates[-1]["text"] == '<div class="tokens"></div>'
+        hold.set()
         assert server.gone.wait(5), "the connection stayed open after Stop"
 
 
@@ -221,7 +257,7 @@ def test_stop_after_the_last_answer_says_done_and_a_later_method_is_not_asked():
             if '<span class="tok' in u.get("text", ""):
                 flag.set()
     assert "stopped after autoregressive" in updates[-1]["status"]
-    assert sum('<span class="tok' in u.get("text", "") for u in updates) == 1
+    assert sum('<span class="tok' in u.get("text", "") for u in updates) == 1 and server.posts == 1
 
 
 def test_a_stream_cut_mid_answer_is_an_error_not_an_answer():

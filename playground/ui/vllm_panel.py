@@ -23,7 +23,7 @@ import gradio as gr
 
 from playground.backends.vllm import methods as vm
 from playground.backends.vllm.bench import TIMING
-from playground.backends.vllm.client import VLLMError, abort
+from playground.backends.vllm.client import StreamCutter, VLLMError
 from playground.backends.vllm.runner import Sampling, run_completion, run_to_end
 from playground.backends.vllm.server import ServerPool, VLLMServerError, parse_vllm_urls
 
@@ -190,8 +190,9 @@ def stream_methods(endpoints: dict, tokenizer, names: list[str], ids: list[int],
     puts it first). The last update's ``status`` says "done", "stopped during M" / "stopped after M",
     or what went wrong. The stream is pulled in a helper thread (:class:`.run_control.EventPump`), so
     Stop (``flag`` set) is seen within :data:`.run_control.POLL_S` even while no chunk arrives; the
-    connection is then cut (:func:`.client.abort`), which makes vLLM abort the request, and the run's
-    last update holds every chunk received before it.
+    connection is then cut (:class:`.client.StreamCutter`, at once, or as soon as the server answers),
+    which makes vLLM abort the request, and the run's last update holds every chunk the helper thread
+    had read when Stop was seen.
 
     Args:
         endpoints: ``{method: Endpoint}`` of the running servers (a method without one gets a warning).
@@ -200,7 +201,7 @@ def stream_methods(endpoints: dict, tokenizer, names: list[str], ids: list[int],
         ids: the prompt's token ids; ``sampling``: the request's sampling; ``eos``: stop token ids.
         flag: the run's stop flag.
         panels: ``{method: (text, stats, badge)}`` components; ``status``: the status component.
-        run: :func:`.runner.run_completion` or a stand-in with its signature (tests).
+        run: :func:`.runner.run_completion` or a stand-in with its signature (``on_open=`` included).
     """
     # Clear every panel: a previous run's text, stats and badge must not sit beside this one's.
     yield {c: v for p in panels.values() for c, v in zip(p, (render.placeholder("not run yet"), "", ""))}
@@ -213,10 +214,13 @@ def stream_methods(endpoints: dict, tokenizer, names: list[str], ids: list[int],
         if e is None:
             yield {status: render.status_html("warning", f"{m}: no server; press Start vLLM servers")}
             continue
-        shown, pushed, last_push, final = "", "", 0.0, None
+        shown, pushed, last_push, final, error = "", "", float("-inf"), None, None
         yield {status: render.status_html("running", f"{m} on vLLM…")}
-        opened = []
-        steps = EventPump(run(e, m, ids, sampling, eos, on_open=opened.append), flag)
+        if flag.is_set():  # Stop while that update went out: no request
+            yield {status: render.status_html("stopped", f"stopped after {last}" if last else "stopped")}
+            return
+        cutter = StreamCutter()
+        steps = EventPump(run(e, m, ids, sampling, eos, on_open=cutter.opened), flag)
         try:
             for step in steps:
                 if step is not None and step.done:
@@ -235,17 +239,22 @@ def stream_methods(endpoints: dict, tokenizer, names: list[str], ids: list[int],
                         final = step
                     else:
                         shown += step.text
+            elif final is None:
+                raise VLLMError("the stream ended without its answer")
         except Exception as err:  # noqa: BLE001  (never let a run take the server down)
-            if not isinstance(err, VLLMError):
-                log.exception("vLLM tab run of %s failed", m)
-            yield {panels[m][0]: f'<div class="tokens">{html.escape(shown)}</div>',
-                   status: render.status_html("error", f"{m}: {err}")}
-            return
-        finally:
+            error = err
+        finally:  # before any further update: a read blocked on a quiet stream returns now, vLLM aborts
             steps.close()
-            for response in opened:  # a read blocked on a quiet stream returns now; vLLM aborts the request
-                if final is None:
-                    abort(response)
+            if final is None:
+                cutter.cut()
+            else:
+                cutter.release()
+        if error is not None:
+            if not isinstance(error, VLLMError):
+                log.error("vLLM tab run of %s failed", m, exc_info=error)
+            yield {panels[m][0]: f'<div class="tokens">{html.escape(shown)}</div>',
+                   status: render.status_html("error", f"{m}: {error}")}
+            return
         if final is None:  # stopped mid-answer: the text received and "stopped", as the run's last update
             yield {panels[m][0]: f'<div class="tokens">{html.escape(shown)}</div>',
                    status: render.status_html("stopped", f"stopped during {m}")}

@@ -38,6 +38,7 @@ import http.client
 import json
 import os
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -283,8 +284,8 @@ def stream_completion(base_url: str, body: dict, timeout: float = 600.0,
 
     Closing the generator early (Stop on the page) closes the connection, and vLLM aborts a
     request whose client went away, so the server stops decoding it. A generator blocked in a
-    read cannot be closed from another thread: ``on_open`` gets the open response, which
-    :func:`abort` then cuts from any thread.
+    read cannot be closed from another thread: ``on_open`` gets the open response (pass
+    :meth:`StreamCutter.opened`, whose :meth:`~StreamCutter.cut` then cuts it from any thread).
 
     Raises:
         VLLMError: the server cannot be reached, refuses the request (its message is kept), or
@@ -293,9 +294,9 @@ def stream_completion(base_url: str, body: dict, timeout: float = 600.0,
     url = base_url.rstrip("/") + "/v1/completions"
     t0 = time.perf_counter()
     response = _open(url, body, timeout)
-    if on_open is not None:
-        on_open(response)
     try:
+        if on_open is not None:
+            on_open(response)
         done = yield from read_stream(iter_events(response), lambda: time.perf_counter() - t0)
     except (OSError, urllib.error.URLError, http.client.HTTPException) as e:
         raise VLLMError(f"the stream from {url} broke off: {e}") from None
@@ -306,24 +307,60 @@ def stream_completion(base_url: str, body: dict, timeout: float = 600.0,
     return done
 
 
-def abort(response) -> None:
-    """Cut an open streaming response (from :func:`stream_completion`'s ``on_open``) from any thread:
-    its socket is shut down, so a read blocked on it returns at once and vLLM sees the client gone
-    and aborts the request. Does nothing when the response is closed already."""
-    try:
-        fd = response.fileno()
-    except (OSError, ValueError, AttributeError):
-        return
-    try:
-        sock = socket.socket(fileno=os.dup(fd))  # a duplicate: shutting it down ends the connection
-    except OSError:
-        return
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    finally:
-        sock.close()
+class StreamCutter:
+    """Cuts one streaming response's connection from any thread (Stop on the page).
+
+    A generator blocked in a read cannot be closed from another thread, and closing it only
+    after the next chunk leaves vLLM decoding a request nobody reads. Pass :meth:`opened` as
+    :func:`stream_completion`'s ``on_open``: it keeps a duplicate of the connection's socket,
+    taken in the reading thread right after the request was answered (so it is certainly this
+    connection's, never a later socket that reused the descriptor number). :meth:`cut` then shuts
+    the connection down from any thread: a read blocked on it returns at once (the stream reads
+    as cut: :class:`VLLMError`), and vLLM sees the client gone and aborts the request. A cut
+    before the response arrived cuts it as soon as it does. :meth:`release` forgets it after a
+    normal end. Both are idempotent.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._done = False
+        self._cut = False
+
+    def opened(self, response) -> None:
+        """``on_open``: keep a duplicate of ``response``'s socket (cut at once after :meth:`cut`)."""
+        sock = socket.socket(fileno=os.dup(response.fileno()))
+        with self._lock:
+            if not self._done:
+                self._sock, sock = sock, None
+            cut_now = self._cut
+        if sock is not None:
+            self._close(sock, cut_now)
+
+    def cut(self) -> None:
+        """Shut the connection down (now, or as soon as it opens)."""
+        self._finish(True)
+
+    def release(self) -> None:
+        """The stream ended: drop the duplicate without touching the connection."""
+        self._finish(False)
+
+    def _finish(self, cut: bool) -> None:
+        with self._lock:
+            self._done, self._cut = True, cut
+            sock, self._sock = self._sock, None
+        if sock is not None:
+            self._close(sock, cut)
+
+    @staticmethod
+    def _close(sock: socket.socket, cut: bool) -> None:
+        try:
+            if cut:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            sock.close()
 
 
 # ----- the server's /metrics -------------------------------------------------------------------

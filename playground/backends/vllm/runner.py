@@ -117,7 +117,7 @@ def run_completion(endpoint: Endpoint, method: str, prompt_ids: list[int], sampl
     Yields a :class:`VLLMStep` per streamed event, then a last one with ``done=True`` and the
     run's :func:`record_fields` in ``stats``. Closing the generator (Stop) closes the
     connection; vLLM then aborts the request. ``on_open`` is passed to
-    :func:`.client.stream_completion` (it gets the open response, for :func:`.client.abort`).
+    :func:`.client.stream_completion` (it gets the open response: :meth:`.client.StreamCutter.opened`).
 
     Raises:
         .client.VLLMError: the server refused or broke off the request.
