@@ -188,3 +188,42 @@ def test_page_status_returns_to_reading_after_the_timing_and_a_late_warning_clea
     assert any("Reading the prompt" in s for s in statuses[timing + 1:-1]), statuses
     assert "the first step refused" in statuses[-1]
     assert "waiting for the first token" not in final and final.count("not run: see the status line above") == 2
+
+
+def test_a_long_run_asks_the_browser_for_a_bounded_amount_of_redrawing_per_second(real_target):
+    """The browser redraws a panel whole on every update, so a fixed update interval made its work grow
+    with the output squared (a 2,048-token run fell seconds behind and took Stop late). The run handler
+    spaces its updates by the panels' size: over a stream whose panels grow to about 0.7 MB, the panel
+    HTML it sends in its spaced updates (all but the page's first, each method's first and last, and the
+    run's last, which always go out) stays within ``UI_HTML_CHARS_PER_S`` per second of the run."""
+    from playground.engine import METHODS, Engine
+    from playground.ui import app, worker
+    from playground.ui.app import run_arguments, run_comparison
+
+    engine = Engine(real_target)
+    names = ["autoregressive", "prompt_lookup"]
+    events, piece = 1000, ("word " * 100, "target")  # each step adds about 700 characters of HTML to a panel
+
+    def stream(engine_key, prompt, specs, settings):
+        real = worker.stream_run(engine_key, prompt, [s for s in specs if s["name"] == "autoregressive"], settings)
+        yield next(real)  # "start"
+        template = next(e for e in real if e["type"] == "event")
+        real.close()
+        for i in range(events):
+            time.sleep(0.003)
+            last = i >= events - 2
+            yield {**template, "method": names[i % 2], "step": i // 2 + 1, "pieces": [piece], "finished": last,
+                   "finish_reason": "length" if last else None,
+                   "point": (i * 0.01, i // 2 + 1)}
+
+    args = run_arguments("Hello", names, max_new_tokens=8)
+    updates, t0 = [], time.perf_counter()
+    for values in run_comparison(engine, *args, stream=stream):
+        updates.append(values)
+    elapsed = time.perf_counter() - t0
+    panels = [1 + 3 * list(METHODS).index(m) for m in names]
+    sizes = [sum(len(str(values[p])) for p in panels) for values in updates]
+    assert max(sizes) > 600_000
+    spaced = sizes[3:-3]  # the page's first update and each method's first; both methods' last and the run's
+    assert sum(spaced) <= app.UI_HTML_CHARS_PER_S * elapsed, (len(updates), elapsed, spaced)
+    assert len(spaced) >= 2  # it still streams

@@ -42,8 +42,20 @@ TITLE = "Speculative Decoding Playground"
 EXAMPLES_PATH = Path(__file__).resolve().parents[2] / "assets" / "examples.json"
 UI_REFRESH_S = 0.08
 """Least time between two streamed updates of the text panels (the last one is always sent)."""
+UI_HTML_CHARS_PER_S = 400_000
+"""Most panel HTML (characters) the page is asked to redraw per second while streaming: the browser
+redraws a panel whole on each update, so with a fixed interval its work grows with the output
+squared and a long run (thousands of tokens) fell seconds behind, Stop with it."""
 CHART_REFRESH_S = 0.4
 """Least time between two chart updates while streaming (a figure is resent whole)."""
+CHART_POINTS_PER_S = 4_000
+"""Most chart points (steps of all methods) the page is asked to redraw per second while streaming."""
+
+
+def refresh_interval(least_s: float, size: int, per_s: float) -> float:
+    """Seconds between two streamed updates of something of ``size`` units that the browser redraws
+    whole: ``least_s``, or longer once ``size / per_s`` is (the redrawing per second stays bounded)."""
+    return max(least_s, size / per_s)
 WAITING_STATUS_S = 2.0
 """Seconds a run waits for its first event before the status says what the engine is doing."""
 CONCURRENT_RUNS = 2
@@ -176,10 +188,12 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
             if first:  # prefill progress: which method reads the prompt now
                 view.status = render.status_html("running", reading_status(view, prompt_tokens, labels))
             now = time.perf_counter()
-            if now - last_chart >= CHART_REFRESH_S or event["finished"]:
+            points = sum(len(view.timelines.get(m, ())) for m in view.chosen)
+            if now - last_chart >= refresh_interval(CHART_REFRESH_S, points, CHART_POINTS_PER_S) or event["finished"]:
                 view.refresh_figures()
                 last_chart = now
-            if first or event["finished"] or now - last >= UI_REFRESH_S:
+            chars = sum(len(view.html[m]) for m in view.chosen)
+            if first or event["finished"] or now - last >= refresh_interval(UI_REFRESH_S, chars, UI_HTML_CHARS_PER_S):
                 yield view.values()
                 last = now
         stopped = stopped or (stop is not None and stop.is_set() and any(r is None for r in view.reasons.values()))
