@@ -491,7 +491,7 @@ def probability_bin(p: float, bins: int = 10) -> int:
 
 
 def with_budget_knob(knobs: tuple) -> tuple:
-    """``knobs`` plus :data:`BUDGET_KNOB` (every method has it)."""
+    """``knobs`` plus :data:`BUDGET_KNOB` (every method but the baseline and EAGLE has it)."""
     return tuple(knobs) + (BUDGET_KNOB,)
 
 

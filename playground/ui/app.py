@@ -50,16 +50,16 @@ CHART_REFRESH_S = 0.4
 """Least time between two chart updates while streaming (a figure is resent whole)."""
 CHART_POINTS_PER_S = 4_000
 """Most chart points (steps of all methods) the page is asked to redraw per second while streaming."""
+WAITING_STATUS_S = 2.0
+"""Seconds a run waits for its first event before the status says what the engine is doing."""
+CONCURRENT_RUNS = 2
+"""Runs served at once (more wait in the queue)."""
 
 
 def refresh_interval(least_s: float, size: int, per_s: float) -> float:
     """Seconds between two streamed updates of something of ``size`` units that the browser redraws
     whole: ``least_s``, or longer once ``size / per_s`` is (the redrawing per second stays bounded)."""
     return max(least_s, size / per_s)
-WAITING_STATUS_S = 2.0
-"""Seconds a run waits for its first event before the status says what the engine is doing."""
-CONCURRENT_RUNS = 2
-"""Runs served at once (more wait in the queue)."""
 QUEUE_SIZE = 32
 """Runs allowed to wait in the queue before new ones are turned away."""
 STOPS = StopSignals()
@@ -188,12 +188,15 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
             if first:  # prefill progress: which method reads the prompt now
                 view.status = render.status_html("running", reading_status(view, prompt_tokens, labels))
             now = time.perf_counter()
-            points = sum(len(view.timelines.get(m, ())) for m in view.chosen)
-            if now - last_chart >= refresh_interval(CHART_REFRESH_S, points, CHART_POINTS_PER_S) or event["finished"]:
-                view.refresh_figures()
-                last_chart = now
-            chars = sum(len(view.html[m]) for m in view.chosen)
+            # The panels still changing (Gradio sends a finished panel no more) and the charts are
+            # redrawn whole by the browser: space the updates by their size.
+            chars = sum(len(view.html[m]) for m in view.chosen if view.reasons[m] is None or m == event["method"])
             if first or event["finished"] or now - last >= refresh_interval(UI_REFRESH_S, chars, UI_HTML_CHARS_PER_S):
+                points = sum(len(view.timelines.get(m, ())) for m in view.chosen)
+                if event["finished"] or now - last_chart >= refresh_interval(CHART_REFRESH_S, points,
+                                                                             CHART_POINTS_PER_S):
+                    view.refresh_figures()
+                    last_chart = now
                 yield view.values()
                 last = now
         stopped = stopped or (stop is not None and stop.is_set() and any(r is None for r in view.reasons.values()))

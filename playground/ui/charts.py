@@ -219,8 +219,9 @@ def per_position_figure(series: Mapping[str, Sequence[float]],
 def time_split_figure(split: Mapping[str, tuple[float, float]]) -> go.Figure:
     """Seconds spent drafting and verifying per method (stacked horizontal bars; prefill excluded).
 
-    "Drafting" is a step's time outside the target pass: the drafter's proposal and the step's own
-    bookkeeping, which the baseline has too (a millisecond or so a step, more while the page redraws).
+    "Drafting" is a step's time before its target pass: the drafter's proposal, the budget and the
+    step's setup, which the baseline has too (a millisecond or so a step, more while the page's own
+    work competes for the CPU).
 
     Args:
         split: method label -> ``(draft_s, verify_s)``.
@@ -229,7 +230,7 @@ def time_split_figure(split: Mapping[str, tuple[float, float]]) -> go.Figure:
         return empty_figure("Draft vs verify time", "run a comparison to see the split")
     labels = list(split)
     fig = go.Figure([
-        go.Bar(y=labels, x=[round(split[lb][0], 4) for lb in labels], name="drafting and step overhead", orientation="h",
+        go.Bar(y=labels, x=[round(split[lb][0], 4) for lb in labels], name="drafting and step setup", orientation="h",
                marker_color="#f59e0b"),
         go.Bar(y=labels, x=[round(split[lb][1], 4) for lb in labels], name="verifying (target pass)",
                orientation="h", marker_color="#3b82f6"),
