@@ -54,16 +54,17 @@ WAITING_STATUS_S = 2.0
 """Seconds a run waits for its first event before the status says what the engine is doing."""
 CONCURRENT_RUNS = 2
 """Runs served at once (more wait in the queue)."""
+QUEUE_SIZE = 32
+"""Runs allowed to wait in the queue before new ones are turned away."""
+STOPS = StopSignals()
+"""Stop flags of the page's runs in flight, one per browser session."""
 
 
 def refresh_interval(least_s: float, size: int, per_s: float) -> float:
     """Seconds between two streamed updates of something of ``size`` units that the browser redraws
     whole: ``least_s``, or longer once ``size / per_s`` is (the redrawing per second stays bounded)."""
     return max(least_s, size / per_s)
-QUEUE_SIZE = 32
-"""Runs allowed to wait in the queue before new ones are turned away."""
-STOPS = StopSignals()
-"""Stop flags of the page's runs in flight, one per browser session."""
+
 
 PAGE_CSS = """
 #status { min-height: 1.5em; }
