@@ -232,7 +232,7 @@ def stream_methods(endpoints: dict, tokenizer, names: list[str], ids: list[int],
                 # which then shows text late and takes Stop late.
                 if shown != pushed and time.monotonic() - last_push >= PUSH_S:
                     pushed, last_push = shown, time.monotonic()
-                    yield {panels[m][0]: f'<div class="tokens">{html.escape(shown)}</div>'}
+                    yield {panels[m][0]: html.escape(shown)}
             if final is None and flag.is_set():  # what had arrived when Stop was seen still counts
                 for step in steps.drain():
                     if step.done:
@@ -252,17 +252,17 @@ def stream_methods(endpoints: dict, tokenizer, names: list[str], ids: list[int],
         if error is not None:
             if not isinstance(error, VLLMError):
                 log.error("vLLM tab run of %s failed", m, exc_info=error)
-            yield {panels[m][0]: f'<div class="tokens">{html.escape(shown)}</div>',
+            yield {panels[m][0]: html.escape(shown),
                    status: render.status_html("error", f"{m}: {error}")}
             return
         if final is None:  # stopped mid-answer: the text received and "stopped", as the run's last update
-            yield {panels[m][0]: f'<div class="tokens">{html.escape(shown)}</div>',
+            yield {panels[m][0]: html.escape(shown),
                    status: render.status_html("stopped", f"stopped during {m}")}
             return
         stats, last = final.stats, m
         pieces = token_pieces(tokenizer, stats["output_ids"], final.sources)
         base = stats if m == "autoregressive" else base
-        yield {panels[m][0]: f'<div class="tokens">{render.token_spans(pieces)}</div>',
+        yield {panels[m][0]: render.token_spans(pieces),
                panels[m][1]: stats_markdown(stats, base["tokens_per_s"] if base else None, m == "autoregressive"),
                panels[m][2]: "" if m == "autoregressive" or base is None else lossless_badge(base, stats)}
     yield {status: render.status_html("done", "done")}
@@ -293,8 +293,14 @@ def build(session: VLLMSession, engine) -> None:
         for m in methods:
             with gr.Column(min_width=220):
                 gr.Markdown(f"**{m}**")
-                panels[m] = (gr.HTML(render.placeholder("not run yet"), elem_id=f"vllm-panel-{m}"),
-                             gr.Markdown("", elem_id=f"vllm-stats-{m}"), gr.HTML("", elem_id=f"vllm-badge-{m}"))
+                # The token box as on the Playground (its wrapper and CSS in the template): at least
+                # 9 lines high, so clearing the panels when a run starts does not shrink the page, which
+                # would move the Stop button under the pointer (stats and badge keep their room too).
+                panels[m] = (gr.HTML(render.placeholder("not run yet"), elem_id=f"vllm-panel-{m}",
+                                     html_template='<div class="tokens">${value}</div>',
+                                     css_template=render.TOKENS_CSS, max_height=420, autoscroll=True),
+                             gr.Markdown("", elem_id=f"vllm-stats-{m}", elem_classes=["vllm-stats"]),
+                             gr.HTML("", elem_id=f"vllm-badge-{m}", elem_classes=["vllm-badge"]))
     outputs = [status] + [c for p in panels.values() for c in p]
 
     def start_servers(names):

@@ -101,7 +101,7 @@ def test_vllm_tab_runs_four_methods_and_stops(browser, vllm_page):  # noqa: F811
 
         page.locator("#vllm-run").click()
         # Streaming: the baseline's panel shows plain text before its coloured tokens arrive.
-        expect(page.locator("#vllm-panel-autoregressive .tokens")).not_to_be_empty(timeout=RUN_TIMEOUT_MS)
+        expect(page.locator("#vllm-panel-autoregressive .placeholder")).to_have_count(0, timeout=RUN_TIMEOUT_MS)
         expect(page.locator("#vllm-status")).to_contain_text("done", timeout=RUN_TIMEOUT_MS)
         expect(page.locator("#vllm-status")).not_to_contain_text("servers ready")
         for m in METHODS:
@@ -131,9 +131,15 @@ def test_vllm_tab_runs_four_methods_and_stops(browser, vllm_page):  # noqa: F811
         max_new.fill("1024")
         max_new.press("Enter")
         expect(max_new).to_have_value("1024")
+        expect(page.locator("#vllm-deploy")).not_to_contain_text("--port 8001")  # the unticks are shown
+        page.locator("#vllm-run").scroll_into_view_if_needed()
+        stop_y = page.locator("#vllm-stop").bounding_box()["y"]
         page.locator("#vllm-run").click()
         expect(page.locator("#vllm-status")).to_contain_text("autoregressive on vLLM", timeout=RUN_TIMEOUT_MS)
-        expect(page.locator("#vllm-panel-autoregressive .tokens")).to_contain_text(" ", timeout=RUN_TIMEOUT_MS)
+        expect(page.locator("#vllm-panel-autoregressive .tokens")).to_contain_text("go", timeout=RUN_TIMEOUT_MS)
+        # Clearing the last run's panels must not shrink the page: that moved Stop under the pointer
+        # (scrolled to the end, the page scrolls up by what it lost) and the click missed it.
+        assert page.locator("#vllm-stop").bounding_box()["y"] == pytest.approx(stop_y, abs=1)
         page.locator("#vllm-stop").click()
         expect(page.locator("#vllm-status")).to_contain_text("stopped", timeout=30_000)
         shown = page.locator("#vllm-panel-autoregressive").inner_text()
