@@ -79,3 +79,32 @@ def test_the_device_is_timed_at_start_except_on_a_zerogpu_space(monkeypatch):
     assert app._can_time_here(cpu) and app._can_time_here(gpu)
     monkeypatch.setenv("SPACE_ID", "someone/playground")
     assert app._can_time_here(cpu) and not app._can_time_here(gpu)
+
+
+def test_the_models_load_and_the_page_is_built_outside_the_main_thread(monkeypatch, capsys):
+    """app.main loads the models and builds the page in a thread that has ended before the page
+    serves (the main thread, alive until the app ends, must not keep an OpenMP team: the page's runs
+    in other threads were 30 % slower beside it); their errors still reach the caller."""
+    import threading
+
+    import playground.ui
+    from playground.engine import Engine, ModelLoadError
+
+    seen = {}
+
+    def failing_load(*args, **kwargs):
+        seen["load"] = threading.current_thread()
+        raise ModelLoadError("no such model: nowhere/none")
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **k: failing_load(*a, **k)))
+    assert app.main(["--port", "0"]) == 1
+    assert "error: no such model: nowhere/none" in capsys.readouterr().err
+    assert seen["load"] is not threading.main_thread() and not seen["load"].is_alive()
+
+    def build_demo(engine, **kwargs):
+        seen["build"] = threading.current_thread()
+        raise RuntimeError("page building failed")
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **k: "an engine"))
+    monkeypatch.setattr(playground.ui, "build_demo", build_demo)
+    with pytest.raises(RuntimeError, match="page building failed"):
+        app.main(["--port", "0"])
+    assert seen["build"] is not threading.main_thread() and not seen["build"].is_alive()
