@@ -154,36 +154,6 @@ def _progress(role: str):
     return show
 
 
-def off_main_thread(work):
-    """``work()`` run in a short-lived thread that is joined: its result, or its exception raised here.
-
-    Why: the page runs the model in other threads (each run in its own, :class:`~playground.ui.
-    run_control.EventPump`), and with GNU OpenMP (torch's CPU build) every thread that has run a
-    parallel torch op keeps a team of worker threads for as long as it lives. Had the main thread,
-    which lives until the app ends, loaded the model and built the page, its idle team would stay, so
-    with more OpenMP threads than cores libgomp stops spin-waiting between parallel regions and
-    every op of a run pays a wake-up. Measured through ``/run`` (autoregressive and prompt lookup,
-    128 tokens, a 2-core Zen 5 EPYC): the baseline at 25-27 tokens/s with the model loaded in the
-    main thread, 32-35 with this. A thread that has exited leaves no team behind.
-    """
-    import threading
-
-    box: dict = {}
-
-    def run() -> None:
-        try:
-            box["value"] = work()
-        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
-            box["error"] = e
-
-    thread = threading.Thread(target=run, name="load-and-build", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 def _can_time_here(engine) -> bool:
     """Whether this process may time the target's steps now: not on a ZeroGPU Space, where the model
     runs on the GPU only inside a ``@spaces.GPU`` call (the first run times it there)."""
@@ -203,12 +173,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from playground.engine import Engine
     from playground.engine import ModelLoadError
+    from playground.ui.run_control import in_joined_thread
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     try:
-        engine = off_main_thread(lambda: Engine.load(
+        # Loaded and the page built in threads that end: the main thread lives on, and must not
+        # keep an OpenMP team beside the runs' threads (in_joined_thread says why).
+        engine = in_joined_thread(lambda: Engine.load(
             args.target, args.draft, args.medusa, args.draft_medusa, args.device, args.dtype,
             progress=_progress("models"), eagle=args.eagle))
     except (ModelLoadError, ValueError) as e:
@@ -225,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"\nerror: {e}", file=sys.stderr, flush=True)
         return 2
-    demo = off_main_thread(lambda: build_demo(engine, vllm=vllm, lock_models=args.lock_models,
+    demo = in_joined_thread(lambda: build_demo(engine, vllm=vllm, lock_models=args.lock_models,
                                               models_dir=args.models_dir))
     try:
         demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True,

@@ -130,3 +130,24 @@ def test_a_turns_records_reach_the_page_together():
     progress = [html.unescape(re.sub(r"<[^>]+>", "", str(o[1]))) for o in out[1:]]
     assert len(out) == 4, progress  # start, one update per turn, done
     assert "question 81, turn 1: every method done" in progress[0] and "question 82" in progress[1]
+
+
+def test_the_benchmark_runs_in_a_thread_that_ends_with_it():
+    """The benchmark's runs are pulled in a thread of their own, never in the handler's (Gradio's
+    reused worker thread would keep an OpenMP team that slows every later run), which has ended
+    when the handler's last update goes out."""
+    import threading
+
+    seen = []
+
+    def stream(key, questions, specs, settings, warmup):
+        seen.append(threading.current_thread())
+        yield {"type": "start", "runs": 1}
+
+    caller = threading.current_thread()
+    out = list(bench_tab.run_benchmark(object(), SPEC, None, ["writing"], ["autoregressive"], 1, 4, False,
+                                       *_knobs(), stream=stream))
+    assert "Done" in str(out[-1][0])
+    assert seen and seen[0] is not caller
+    seen[0].join(5)
+    assert not seen[0].is_alive()

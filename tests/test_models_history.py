@@ -292,3 +292,18 @@ def test_unavailable_reasons_after_a_load_are_in_page_terms():
     updates = method_updates(engine, None, [])
     texts = [u.get("value", "") for u in updates if isinstance(u, dict) and isinstance(u.get("value"), str)]
     assert texts and not any("--" in t or "python -m" in t for t in texts), texts
+
+
+def test_a_choice_loads_in_a_thread_that_ends(monkeypatch):
+    """The Models tab's load runs Engine.load in a thread of its own that has ended when it returns:
+    Gradio reuses the handler's worker thread, and a team of OpenMP threads kept there slowed every
+    later run by a third (29-31 against 42-48 tokens/s, the default model, 2-core Zen 5 EPYC)."""
+    import threading
+
+    from playground.engine import Engine
+
+    seen = []
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **k: seen.append(threading.current_thread())
+                                                     or "an engine"))
+    assert models_tab.load_choice(models_tab.ModelChoice("a")) == "an engine"
+    assert seen[0] is not threading.current_thread() and not seen[0].is_alive()

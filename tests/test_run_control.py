@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from playground.ui.run_control import POLL_S, EventPump, waiting_status
+from playground.ui.run_control import POLL_S, EventPump, in_joined_thread, waiting_status
 
 
 def _blocking_events(release: threading.Event, log: list, n_after: int = 3):
@@ -76,6 +76,28 @@ def test_pump_close_ends_an_endless_run():
     pump.close()
     pump._thread.join(5)
     assert not pump._thread.is_alive() and log == ["closed"]
+
+
+def test_joined_thread_work_returns_raises_and_sees_the_callers_context():
+    """in_joined_thread runs the work in another thread, which has ended on return; the result comes
+    back, an exception is raised in the caller, and the caller's context variables (Gradio's
+    progress tracking) are seen by the work."""
+    import contextvars
+
+    var = contextvars.ContextVar("var", default="unset")
+    var.set("the caller's")
+    ran = []
+
+    def work():
+        ran.append(threading.current_thread())
+        return var.get()
+    assert in_joined_thread(work) == "the caller's"
+    assert ran[0] is not threading.current_thread() and not ran[0].is_alive()
+
+    def fail():
+        raise ValueError("bad model spec")
+    with pytest.raises(ValueError, match="bad model spec"):
+        in_joined_thread(fail)
 
 
 def test_waiting_status_names_the_engines_one_time_work():

@@ -27,6 +27,7 @@ from playground.engine import BASELINE, METHODS, Knob, MethodSpec
 
 from . import charts, models_tab, render, worker
 from .knobs import LooseCheckboxGroup, knob_input
+from .run_control import EventPump
 from .toast import warning
 
 SETS = {"Spec-Bench dev (bundled)": "spec_bench", "HumanEval dev (bundled)": "humaneval"}
@@ -276,6 +277,7 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
     """
     stream = stream or worker.BENCH
     records: list[dict] = []
+    pumped: list[EventPump] = []
     warn = (lambda msg: (f'<span class="bench-warning">⚠ {html.escape(msg)}</span>', gr.skip(), *(gr.skip(),) * 6))
     try:
         try:
@@ -313,7 +315,15 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
         settings = {"max_new_tokens": max_new, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0}
         done = 0
         qdicts = [bench.question_dict(q) for q in questions]
-        for item in stream(worker.register(engine), qdicts, worker.spec_dicts(specs), settings, 1 if warmup else 0):
+        # Pulled in a thread of its own that ends with the benchmark: run in Gradio's worker threads,
+        # which Gradio keeps and reuses, the model would leave OpenMP teams there that slow every later
+        # run (run_control.in_joined_thread says why).
+        items = EventPump(stream(worker.register(engine), qdicts, worker.spec_dicts(specs), settings,
+                                 1 if warmup else 0))
+        pumped.append(items)
+        for item in items:
+            if item is None:  # nothing new yet
+                continue
             if item["type"] == "start":  # every run check passed
                 total = item["runs"]
                 bar = progress_html(0, total, "warming up…" if warmup else "starting…")
@@ -347,6 +357,9 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
         message = f"Unexpected error: {type(e).__name__}: {_user_message(e, upload)}"
         warning(message)
         yield warn(message)
+    finally:  # the page went away: the benchmark ends after its current step
+        for items in pumped:
+            items.close()
 
 
 def _category_options(categories: list[str]) -> list[tuple[str, str]]:

@@ -39,6 +39,7 @@ from playground import presets
 from playground.engine import METHODS, Engine, ModelLoadError
 
 from . import render, wording, worker
+from .run_control import in_joined_thread
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +116,11 @@ def load_choice(choice: ModelChoice, device="auto", dtype="auto", progress=None)
         ModelLoadError, ValueError: as ``Engine.load`` (the message says what is wrong).
     """
     same = choice.draft == SAME
-    engine = Engine.load(choice.target, NONE if same else _spec(choice.draft), _spec(choice.medusa),
-                         device=device, dtype=dtype, progress=progress, eagle=_spec(choice.eagle))
+    # In a thread that ends: Gradio reuses the calling worker thread, which must not keep an OpenMP
+    # team beside the runs' threads (run_control.in_joined_thread says why).
+    engine = in_joined_thread(lambda: Engine.load(
+        choice.target, NONE if same else _spec(choice.draft), _spec(choice.medusa), device=device, dtype=dtype,
+        progress=progress, eagle=_spec(choice.eagle)), name="model-load")
     if same:
         engine = Engine(engine.target, draft=engine.target, medusa=engine.medusa, eagle=engine.eagle)
     return engine
