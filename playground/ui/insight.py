@@ -118,6 +118,9 @@ def draft_panel_markdown(stats: dict | None, k: int | None, verify_cost: theory.
     verdict = "" if sug.pays_off else " — even the best K is expected to be slower than plain decoding here"
     lines.append(f"**Suggested K = {sug.k}** (expected {sug.speedup:.2f}×, τ {sug.tokens_per_step:.2f}); "
                  f"K = {m.k} as run: expected {m.speedup_as_run:.2f}×{verdict}. The Advisor tab uses this K. "
+                 "These expectations come from Leviathan et al.'s formula with the α and c above (it takes every "
+                 "position as accepted alike), so they can differ from the speedup this run measured, which is the "
+                 "one in the panel's stats line. "
                  f"Verify cost: {html.escape(verify_cost_source(verify_cost))}.")
     return "\n\n".join(lines)
 
