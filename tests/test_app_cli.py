@@ -1,4 +1,5 @@
-"""Tests of app.py's command line: bad --port and --host values are refused before any model loads."""
+"""Tests of app.py's command line: bad --port and --host values are refused before any model loads;
+the device is timed at start; the models load and the page is built outside the main thread."""
 
 from __future__ import annotations
 

@@ -134,8 +134,8 @@ def test_a_turns_records_reach_the_page_together():
 
 def test_the_benchmark_runs_in_a_thread_that_ends_with_it():
     """The benchmark's runs are pulled in a thread of their own, never in the handler's (Gradio's
-    reused worker thread would keep an OpenMP team that slows every later run), which has ended
-    when the handler's last update goes out."""
+    reused worker thread would keep an OpenMP team that slows every later run), and that thread
+    ends with the benchmark."""
     import threading
 
     seen = []

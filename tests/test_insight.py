@@ -486,7 +486,7 @@ def test_draft_panel_and_lookahead_line():
     sug = theory.suggest_k(0.8, c, cost)
     assert "= 0.125" in md and f"{c:.3f}" in md and f"Suggested K = {sug.k}**" in md
     assert "drafting 1.00 s (33%)" in md
-    assert "Leviathan" in md and "the one in the panel's stats line" in md  # which speedup to trust
+    assert "Leviathan" in md and "the one in the Draft model panel's stats line" in md  # which speedup to trust
     assert "Nothing was drafted" in insight.draft_panel_markdown({**stats, "alpha": None, "proposed": 0}, 4,
                                                                  theory.FALLBACK)
     assert "= **121**" in insight.lookahead_pass_markdown(15, 5, 15)

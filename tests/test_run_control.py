@@ -100,6 +100,19 @@ def test_joined_thread_work_returns_raises_and_sees_the_callers_context():
         in_joined_thread(fail)
 
 
+def test_pump_runs_the_events_in_the_callers_context():
+    """The helper thread sees the caller's context variables (Gradio's request, which a ZeroGPU
+    Space's GPU call reads; an empty context there raised LookupError)."""
+    import contextvars
+
+    var = contextvars.ContextVar("request")
+    var.set("the page's request")
+
+    def events():
+        yield var.get()
+    assert list(EventPump(events())) == ["the page's request"]
+
+
 def test_waiting_status_names_the_engines_one_time_work():
     assert "step-cost" not in waiting_status(None, 3)
     assert "per-step budget" in waiting_status("step_cost", 12.4) and "12 s" in waiting_status("step_cost", 12.4)

@@ -177,3 +177,22 @@ def test_playground_knobs_take_the_drafts_saved_defaults(panel):
     assert models_tab.knob_update(engine, server, "draft_model", "k")["value"] == 3
     assert models_tab.knob_update(server, engine, "draft_model", "k")["value"] == k_knob.default
     assert "value" not in models_tab.knob_update(server, server, "draft_model", "k")
+
+
+def test_the_theory_tab_times_the_device_in_a_thread_that_ends(monkeypatch):
+    """The Theory tab's verify-cost measurement runs in a thread of its own that has ended when the
+    curve is drawn, never in Gradio's reused handler thread (an OpenMP team kept there slows every
+    later run)."""
+    import threading
+
+    from playground.engine import theory
+
+    seen = []
+
+    def measure(key, ns, force):
+        seen.append(threading.current_thread())
+        return theory.FALLBACK
+    monkeypatch.setattr(worker, "MEASURE", measure)
+    monkeypatch.setattr(insight, "VERIFY_COSTS", {})
+    out = list(theory_tab.measure_then_render(0.7, 0.05, [2], [0.05], theory_tab.MEASURED, None, "some engine"))
+    assert len(out) == 2 and seen and seen[0] is not threading.current_thread() and not seen[0].is_alive()

@@ -186,7 +186,7 @@ def test_the_tab_streams_text_at_most_every_push_interval_then_colours_the_answe
         updates = list(_run(server, threading.Event()))
     texts = [u["text"] for u in updates if "text" in u]
     assert len(texts) == 3  # cleared, the first chunk's text, the answer: not one per token
-    assert texts[1] == 'Apple'
+    assert texts[1] == "Apple"
     assert '<span class="tok' in texts[2] and "tok/s" in updates[-2]["stats"]
     assert "done" in updates[-1]["status"] and "stopped" not in updates[-1]["status"]
 
@@ -217,7 +217,7 @@ def test_stop_ends_the_run_at_once_while_no_chunk_arrives_and_cuts_the_connectio
         consumer.join(10)
         assert ended and ended[0] - t_stop < 3.0
         assert "stopped during autoregressive" in updates[-1]["status"]
-        assert updates[-1]["text"] == 'Apple, Banana, Cherry'  # the 6 events sent
+        assert updates[-1]["text"] == "Apple, Banana, Cherry"  # the 6 events sent
         assert server.gone.wait(5), "the connection stayed open after Stop"
 
 
@@ -232,7 +232,7 @@ def test_stop_before_the_server_answers_cuts_the_connection_when_it_does():
         flag.set()
         consumer.join(10)
         assert ended and "stopped during autoregressive" in updates[-1]["status"]
-        assert updates[-1]["text"] == ''
+        assert updates[-1]["text"] == ""
         hold.set()
         assert server.gone.wait(5), "the connection stayed open after Stop"
 

@@ -77,8 +77,6 @@ PAGE_CSS = """
                border: 1px solid var(--border-color-primary); border-radius: 8px; }
 #method-list > * { flex-shrink: 0; }
 #method-list [data-testid="block-info"] { font-size: 0.85em; }
-.vllm-stats { min-height: 8.5em; }
-.vllm-badge { min-height: 3.6em; }
 """
 """Page CSS. ``#method-panels`` lays the method panels out as a grid of equal columns, at least 300 px
 (about 34 characters of code): as many as fit, so few chosen methods get wide panels; wrapping

@@ -357,7 +357,7 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
         message = f"Unexpected error: {type(e).__name__}: {_user_message(e, upload)}"
         warning(message)
         yield warn(message)
-    finally:  # the page went away: the benchmark ends after its current step
+    finally:  # Stop or the page went away: the benchmark ends at its next tick or record
         for items in pumped:
             items.close()
 

@@ -120,7 +120,7 @@ def draft_panel_markdown(stats: dict | None, k: int | None, verify_cost: theory.
                  f"K = {m.k} as run: expected {m.speedup_as_run:.2f}×{verdict}. The Advisor tab uses this K. "
                  "These expectations come from Leviathan et al.'s formula with the α and c above (it takes every "
                  "position as accepted alike), so they can differ from the speedup this run measured, which is the "
-                 "one in the panel's stats line. "
+                 "one in the Draft model panel's stats line. "
                  f"Verify cost: {html.escape(verify_cost_source(verify_cost))}.")
     return "\n\n".join(lines)
 

@@ -87,7 +87,8 @@ def in_joined_thread(work: Callable[[], T], name: str = "torch-work") -> T:
     :class:`EventPump`) pays a wake-up. Measured through ``/run`` (autoregressive and prompt
     lookup, 128 tokens, 2-core Zen 5 EPYC): the baseline at 25-27 tokens/s with the model loaded
     in the app's main thread, 32-35 with it loaded here. A thread that has ended leaves no team.
-    The caller's context variables (Gradio's progress tracking) are visible to ``work``.
+    The caller's context variables (Gradio's progress tracking) are visible to ``work``. Ctrl+C
+    interrupts the wait; the thread (a daemon) then ends with the process.
     """
     box: dict = {}
     context = contextvars.copy_context()
@@ -102,7 +103,7 @@ def in_joined_thread(work: Callable[[], T], name: str = "torch-work") -> T:
     thread.start()
     thread.join()
     if "error" in box:
-        raise box["error"]
+        raise box.pop("error")  # popped: the traceback's frames must not keep the box, and it them, alive
     return box["value"]
 
 
@@ -124,6 +125,8 @@ class EventPump:
     the engine run after its current step; whatever the engine is inside then completes in the
     background (a calibration is kept for the next run).
 
+    The helper thread runs in a copy of the caller's context (Gradio's request and progress).
+
     Args:
         events: the run's event iterator (:func:`~playground.ui.worker.stream_run`'s generator on
             the Playground, :func:`~playground.backends.vllm.runner.run_completion`'s on the vLLM tab).
@@ -137,7 +140,10 @@ class EventPump:
         self.events, self.stop, self.poll_s = events, stop, poll_s
         self._queue: queue.Queue = queue.Queue()
         self._abandoned = threading.Event()
-        self._thread = threading.Thread(target=self._pull, name="run-events", daemon=True)
+        # The caller's context variables go along (Gradio's request and progress, which a ZeroGPU
+        # Space's GPU call reads).
+        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._pull,),
+                                        name="run-events", daemon=True)
         self._thread.start()
 
     def _pull(self) -> None:

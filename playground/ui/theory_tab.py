@@ -24,6 +24,7 @@ from playground.engine import theory
 from playground.engine import MAX_SPECULATIVE_TOKENS
 
 from . import charts, insight, worker
+from .run_control import in_joined_thread
 
 K_CHOICES = [1, 2, 3, 4, 6, 8, 12, 16]
 C_CHOICES = [0.0, 0.02, 0.05, 0.1, 0.2, 0.5]
@@ -123,7 +124,9 @@ def measure_then_render(alpha, c, ks, cs, mode, summary, engine_key: str, force:
     if mode == MEASURED and (force or engine_key not in insight.VERIFY_COSTS):
         yield gr.skip(), "_Measuring the cost of verifying 1–65 tokens on this device (a few seconds)…_"
         try:
-            insight.VERIFY_COSTS[engine_key] = worker.MEASURE(engine_key, None, force)
+            # In a thread that ends (Gradio reuses this one; run_control.in_joined_thread says why).
+            insight.VERIFY_COSTS[engine_key] = in_joined_thread(lambda: worker.MEASURE(engine_key, None, force),
+                                                                name="verify-cost")
         except Exception as e:  # noqa: BLE001 - shown on the page; the fallback table stays in use
             fig, md = render(alpha, c, ks, cs, FALLBACK, summary, engine_key)
             yield fig, f"**Could not measure:** {html.escape(f'{type(e).__name__}: {e}')}; showing the fallback.\n\n{md}"

@@ -268,6 +268,14 @@ def stream_methods(endpoints: dict, tokenizer, names: list[str], ids: list[int],
     yield {status: render.status_html("done", "done")}
 
 
+HOLD_PANELS_JS = """() => { const row = document.getElementById("vllm-panels");
+    if (row) row.style.minHeight = row.offsetHeight + "px"; return []; }"""
+"""Browser code run on Run: the panels' row keeps at least its present height during the run."""
+RELEASE_PANELS_JS = """() => { const row = document.getElementById("vllm-panels");
+    if (row) row.style.minHeight = ""; return []; }"""
+"""Browser code run when the run has ended: the row takes its content's height again."""
+
+
 def build(session: VLLMSession, engine) -> None:
     """Lay out the vLLM tab inside the current Blocks/Tab (``engine`` builds the prompts: its
     tokenizer and chat template, as the built-in panels use)."""
@@ -289,18 +297,15 @@ def build(session: VLLMSession, engine) -> None:
         run = gr.Button("Run on vLLM", variant="primary", elem_id="vllm-run")
         stop = gr.Button("Stop", elem_id="vllm-stop", interactive=False)
     panels = {}
-    with gr.Row():
+    with gr.Row(elem_id="vllm-panels"):
         for m in methods:
             with gr.Column(min_width=220):
                 gr.Markdown(f"**{m}**")
-                # The token box as on the Playground (its wrapper and CSS in the template): at least
-                # 9 lines high, so clearing the panels when a run starts does not shrink the page, which
-                # would move the Stop button under the pointer (stats and badge keep their room too).
+                # The token box as on the Playground (its wrapper and CSS in the template).
                 panels[m] = (gr.HTML(render.placeholder("not run yet"), elem_id=f"vllm-panel-{m}",
                                      html_template='<div class="tokens">${value}</div>',
-                                     css_template=render.TOKENS_CSS, max_height=420, autoscroll=True),
-                             gr.Markdown("", elem_id=f"vllm-stats-{m}", elem_classes=["vllm-stats"]),
-                             gr.HTML("", elem_id=f"vllm-badge-{m}", elem_classes=["vllm-badge"]))
+                                     css_template=render.TOKENS_CSS),
+                             gr.Markdown("", elem_id=f"vllm-stats-{m}"), gr.HTML("", elem_id=f"vllm-badge-{m}"))
     outputs = [status] + [c for p in panels.values() for c in p]
 
     def start_servers(names):
@@ -353,8 +358,11 @@ def build(session: VLLMSession, engine) -> None:
 
     # As on the Playground (see run_control): Stop sets a flag the run checks after every chunk and
     # every POLL_S while none arrives, so the run's own last update says "stopped" and no text follows it.
-    run.click(arm, None, [run, stop], api_visibility="private", queue=False).then(
+    # The panels' row keeps its height while a run is in flight: the run's first update clears the
+    # last run's text, stats and badges, and a page scrolled to its end would then scroll up by what
+    # it lost, moving Stop away from under the pointer (a click then misses it).
+    run.click(arm, None, [run, stop], api_visibility="private", queue=False, js=HOLD_PANELS_JS).then(
         on_run, [chosen, prompt, max_new], outputs).then(
         lambda: (gr.Button(interactive=True), gr.Button(interactive=False)), None, [run, stop],
-        api_visibility="private", queue=False)
+        api_visibility="private", queue=False, js=RELEASE_PANELS_JS)
     stop.click(on_stop, None, None, api_visibility="private", queue=False)

@@ -132,13 +132,16 @@ def test_vllm_tab_runs_four_methods_and_stops(browser, vllm_page):  # noqa: F811
         max_new.press("Enter")
         expect(max_new).to_have_value("1024")
         expect(page.locator("#vllm-deploy")).not_to_contain_text("--port 8001")  # the unticks are shown
-        page.locator("#vllm-run").scroll_into_view_if_needed()
+        # Scrolled to the end, as after reading the last run's panels: clearing them must not move Stop.
+        page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
+        assert page.evaluate("window.scrollY") > 0
+        expect(page.locator("#vllm-run")).to_be_in_viewport()
         stop_y = page.locator("#vllm-stop").bounding_box()["y"]
         page.locator("#vllm-run").click()
         expect(page.locator("#vllm-status")).to_contain_text("autoregressive on vLLM", timeout=RUN_TIMEOUT_MS)
         expect(page.locator("#vllm-panel-autoregressive .tokens")).to_contain_text("go", timeout=RUN_TIMEOUT_MS)
-        # Clearing the last run's panels must not shrink the page: that moved Stop under the pointer
-        # (scrolled to the end, the page scrolls up by what it lost) and the click missed it.
+        # Clearing the last run's panels must not shrink the page: the page then scrolled up by what it
+        # lost, Stop moved away from under the pointer, and the click missed it.
         assert page.locator("#vllm-stop").bounding_box()["y"] == pytest.approx(stop_y, abs=1)
         page.locator("#vllm-stop").click()
         expect(page.locator("#vllm-status")).to_contain_text("stopped", timeout=30_000)
