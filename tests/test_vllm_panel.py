@@ -267,3 +267,25 @@ def test_a_stream_cut_mid_answer_is_an_error_not_an_answer():
     lines = [line for line in FIXTURE.read_text().splitlines() if line.startswith("data:")][:5]
     with pytest.raises(C.VLLMError, match="without its closing"):
         list(C.read_stream(C.iter_events(lines)))
+
+
+def test_a_run_that_fails_unexpectedly_ends_with_an_error_status_not_an_exception():
+    """Anything the tab's run raises ends the run with an error status: an exception would skip the
+    step after the run that re-enables Run and releases the panels' row on the page."""
+    from types import SimpleNamespace
+
+    import gradio as gr
+
+    from playground.ui import vllm_panel
+
+    def encode_prompt(text):
+        raise RuntimeError("the tokenizer broke")
+    engine = SimpleNamespace(encode_prompt=encode_prompt, target=SimpleNamespace(tokenizer=None, eos_token_ids=[2]))
+    session = vllm_panel.VLLMSession()
+    session.pool = SimpleNamespace(endpoints={})
+    with gr.Blocks() as demo:
+        vllm_panel.build(session, engine)
+    on_run = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "on_run")
+    updates = list(on_run(SimpleNamespace(session_hash="s"), ["autoregressive"], "Hi", 8))
+    assert "RuntimeError: the tokenizer broke" in str(list(updates[-1].values())[-1])
+    assert len(vllm_panel.STOPS) == 0  # the run's stop flag is released

@@ -273,7 +273,8 @@ HOLD_PANELS_JS = """() => { const row = document.getElementById("vllm-panels");
 """Browser code run on Run: the panels' row keeps at least its present height during the run."""
 RELEASE_PANELS_JS = """() => { const row = document.getElementById("vllm-panels");
     if (row) row.style.minHeight = ""; return []; }"""
-"""Browser code run when the run has ended: the row takes its content's height again."""
+"""Browser code run when the run has ended (the run handler never raises: it ends with an error
+status instead, so this step always follows): the row takes its content's height again."""
 
 
 def build(session: VLLMSession, engine) -> None:
@@ -301,7 +302,8 @@ def build(session: VLLMSession, engine) -> None:
         for m in methods:
             with gr.Column(min_width=220):
                 gr.Markdown(f"**{m}**")
-                # The token box as on the Playground (its wrapper and CSS in the template).
+                # The Playground's token box (its wrapper and CSS in the template), without its fixed
+                # height: Gradio's autoscroll without one scrolls the whole page, moving Stop.
                 panels[m] = (gr.HTML(render.placeholder("not run yet"), elem_id=f"vllm-panel-{m}",
                                      html_template='<div class="tokens">${value}</div>',
                                      css_template=render.TOKENS_CSS),
@@ -329,6 +331,9 @@ def build(session: VLLMSession, engine) -> None:
         flag = STOPS.flag(key)
         try:
             yield from _run(names, text, n, flag)
+        except Exception as e:  # noqa: BLE001 - the page says so; an error would also skip the step that
+            log.error("vLLM tab run failed", exc_info=e)  # re-enables Run and releases the panels' row
+            yield {status: render.status_html("error", f"{type(e).__name__}: {e}")}
         finally:
             STOPS.release(key, flag)
 

@@ -135,7 +135,7 @@ def test_vllm_tab_runs_four_methods_and_stops(browser, vllm_page):  # noqa: F811
         # Scrolled to the end, as after reading the last run's panels: clearing them must not move Stop.
         page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
         assert page.evaluate("window.scrollY") > 0
-        expect(page.locator("#vllm-run")).to_be_in_viewport()
+        expect(page.locator("#vllm-run")).to_be_in_viewport(ratio=1)
         stop_y = page.locator("#vllm-stop").bounding_box()["y"]
         page.locator("#vllm-run").click()
         expect(page.locator("#vllm-status")).to_contain_text("autoregressive on vLLM", timeout=RUN_TIMEOUT_MS)
@@ -145,6 +145,8 @@ def test_vllm_tab_runs_four_methods_and_stops(browser, vllm_page):  # noqa: F811
         assert page.locator("#vllm-stop").bounding_box()["y"] == pytest.approx(stop_y, abs=1)
         page.locator("#vllm-stop").click()
         expect(page.locator("#vllm-status")).to_contain_text("stopped", timeout=30_000)
+        expect(page.locator("#vllm-run")).to_be_enabled()  # the run's last step: the row's height released
+        assert page.evaluate('document.getElementById("vllm-panels").style.minHeight') == ""
         shown = page.locator("#vllm-panel-autoregressive").inner_text()
         e = session.pool.endpoints["autoregressive"]
         deadline = time.monotonic() + 20
