@@ -331,8 +331,10 @@ def build(session: VLLMSession, engine) -> None:
         flag = STOPS.flag(key)
         try:
             yield from _run(names, text, n, flag)
-        except Exception as e:  # noqa: BLE001 - the page says so; an error would also skip the step that
-            log.error("vLLM tab run failed", exc_info=e)  # re-enables Run and releases the panels' row
+        # Never raise: the page says what went wrong (an error would also skip the step after the
+        # run that re-enables Run and releases the panels' row).
+        except Exception as e:  # noqa: BLE001
+            log.error("vLLM tab run failed", exc_info=e)
             yield {status: render.status_html("error", f"{type(e).__name__}: {e}")}
         finally:
             STOPS.release(key, flag)
