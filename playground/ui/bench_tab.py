@@ -277,7 +277,7 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
     """
     stream = stream or worker.BENCH
     records: list[dict] = []
-    pumped: list[EventPump] = []
+    items = None  # the benchmark's EventPump, once started
     warn = (lambda msg: (f'<span class="bench-warning">⚠ {html.escape(msg)}</span>', gr.skip(), *(gr.skip(),) * 6))
     try:
         try:
@@ -320,7 +320,6 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
         # run (run_control.in_joined_thread says why).
         items = EventPump(stream(worker.register(engine), qdicts, worker.spec_dicts(specs), settings,
                                  1 if warmup else 0))
-        pumped.append(items)
         for item in items:
             if item is None:  # nothing new yet
                 continue
@@ -358,7 +357,7 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
         warning(message)
         yield warn(message)
     finally:  # Stop or the page went away: the benchmark ends at its next tick or record
-        for items in pumped:
+        if items is not None:
             items.close()
 
 
