@@ -78,6 +78,69 @@ def test_pump_close_ends_an_endless_run():
     assert not pump._thread.is_alive() and log == ["closed"]
 
 
+def _logged_events(log: list, n: int = 4):
+    try:
+        for i in range(n):
+            log.append(("made", i))
+            yield {"i": i}
+    finally:
+        log.append(("closed",))
+
+
+def _consume(pump, log: list) -> None:
+    for item in pump:
+        if item is None:
+            continue
+        time.sleep(0.03)  # the page renders an update meanwhile
+        log.append(("handled", item["i"]))
+
+
+def test_lockstep_pump_makes_no_event_while_the_consumer_handles_one():
+    """In lockstep the engine steps only when the page asks for the next event, never while it
+    renders the last one (a render beside a step slowed it, the baseline's most: docs in EventPump)."""
+    log = []
+    _consume(EventPump(_logged_events(log), None, poll_s=0.01, lockstep=True), log)
+    assert log == [("made", 0), ("handled", 0), ("made", 1), ("handled", 1), ("made", 2), ("handled", 2),
+                   ("made", 3), ("handled", 3), ("closed",)]
+
+
+def test_free_pump_runs_ahead_of_the_consumer():
+    """Without lockstep (the vLLM tab: the server decodes at its own pace) the helper pulls ahead."""
+    log = []
+    pump = EventPump(_logged_events(log), None, poll_s=0.01)
+    _consume(pump, log)
+    pump._thread.join(5)
+    assert log.index(("made", 1)) < log.index(("handled", 0))
+    assert [e for e in log if e[0] == "handled"] == [("handled", i) for i in range(4)]
+
+
+def test_lockstep_pump_closed_between_events_makes_no_more_and_closes_the_run():
+    log = []
+    pump = EventPump(_logged_events(log), None, poll_s=0.5, lockstep=True)
+    assert next(iter(pump)) == {"i": 0}
+    time.sleep(0.05)
+    t0 = time.perf_counter()
+    pump.close()  # wakes the helper waiting to be asked, well before its poll_s
+    pump._thread.join(5)
+    assert not pump._thread.is_alive() and time.perf_counter() - t0 < 0.4
+    assert log == [("made", 0), ("closed",)]
+
+
+def test_lockstep_pump_still_ends_on_stop_inside_a_long_call():
+    release, stop, log = threading.Event(), threading.Event(), []
+    pump = EventPump(_blocking_events(release, log), stop, poll_s=0.02, lockstep=True)
+    waits = 0
+    for item in pump:
+        assert item is None
+        waits += 1
+        if waits == 3:
+            stop.set()
+    pump.close()
+    release.set()
+    pump._thread.join(5)
+    assert not pump._thread.is_alive() and log == ["started", "event 0", "closed"]
+
+
 def test_joined_thread_work_returns_raises_and_sees_the_callers_context():
     """in_joined_thread runs the work in another thread, which has ended on return; the result comes
     back, an exception is raised in the caller, and the caller's context variables (Gradio's

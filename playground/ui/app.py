@@ -155,9 +155,10 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
         view = RunView(engine, specs, settings, prompt)
         labels = ", ".join(METHODS[s.name].label for s in specs)
         start = last = last_chart = time.perf_counter()
-        # Pulled in a helper thread, so Stop answers at once even inside a long engine call.
+        # Pulled in a helper thread, so Stop answers at once even inside a long engine call; in
+        # lockstep, so no step runs while an update is rendered (it would slow that step unevenly).
         events = EventPump(stream(worker.register(engine), prompt, worker.spec_dicts(specs),
-                                  worker.settings_dict(settings)), stop)
+                                  worker.settings_dict(settings)), stop, lockstep=True)
         stopped, prompt_tokens, preparing = False, 0, False
         for event in events:
             if event is None:  # nothing yet: say what the engine is doing before the first step

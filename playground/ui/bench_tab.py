@@ -318,8 +318,9 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
         # Pulled in a thread of its own that ends with the benchmark: run in Gradio's worker threads,
         # which Gradio keeps and reuses, the model would leave OpenMP teams there that slow every later
         # run (run_control.in_joined_thread says why).
+        # In lockstep: the benchmark's steps never run while this tab renders its progress.
         items = EventPump(stream(worker.register(engine), qdicts, worker.spec_dicts(specs), settings,
-                                 1 if warmup else 0))
+                                 1 if warmup else 0), lockstep=True)
         for item in items:
             if item is None:  # nothing new yet
                 continue

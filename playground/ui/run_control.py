@@ -127,32 +127,53 @@ class EventPump:
 
     The helper thread runs in a copy of the caller's context (Gradio's request and progress).
 
+    With ``lockstep`` the helper asks ``events`` for the next event only once the consumer asks
+    for it, so the engine's steps never run while the page renders an update: on a CPU the
+    rendering (Python, holding the GIL) and Gradio's encoding of the update slowed whichever step
+    ran beside them by a wait at every torch call, about the same wait for a one-token step as
+    for a verification of ten, so the baseline, the method with the most steps per token, lost
+    the most and the page's speedups came out inflated (through ``/run``, ten methods, 128 tokens:
+    prompt lookup 1.52x at tau 1.49 where the engine alone gives 1.32x at 1.47).
+
     Args:
         events: the run's event iterator (:func:`~playground.ui.worker.stream_run`'s generator on
             the Playground, :func:`~playground.backends.vllm.runner.run_completion`'s on the vLLM tab).
         stop: the run's stop flag (None: never stopped from outside).
         poll_s: seconds between checks of ``stop`` while waiting.
+        lockstep: pull an event only when the consumer asks for it (the Playground and the
+            Benchmark tab, whose steps are timed here); otherwise the helper pulls ahead (the vLLM
+            tab, where the server decodes at its own pace whatever the page does).
     """
 
     _END = object()
 
-    def __init__(self, events, stop: threading.Event | None = None, poll_s: float = POLL_S):
+    def __init__(self, events, stop: threading.Event | None = None, poll_s: float = POLL_S, lockstep: bool = False):
         self.events, self.stop, self.poll_s = events, stop, poll_s
         self._queue: queue.Queue = queue.Queue()
         self._abandoned = threading.Event()
+        self._asks = threading.Semaphore(0) if lockstep else None  # one release per event asked for
         # The caller's context variables go along (Gradio's request and progress, which a ZeroGPU
         # Space's GPU call reads).
         self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._pull,),
                                         name="run-events", daemon=True)
         self._thread.start()
 
+    def _asked(self) -> bool:
+        """Wait until the consumer asks for an event (lockstep); False once the run is abandoned."""
+        if self._asks is not None:
+            while not self._asks.acquire(timeout=self.poll_s):
+                if self._abandoned.is_set():
+                    return False
+        return not self._abandoned.is_set()
+
     def _pull(self) -> None:
         try:
-            for event in self.events:
-                if self._abandoned.is_set():
-                    break
+            events = iter(self.events)
+            while self._asked():
+                event = next(events, self._END)
                 self._queue.put(event)
-            self._queue.put(self._END)
+                if event is self._END:
+                    return
         except BaseException as e:  # handed to the consumer, raised there
             self._queue.put(e)
         finally:
@@ -161,14 +182,19 @@ class EventPump:
                 close()
 
     def __iter__(self) -> Iterator[object | None]:
+        asked = False
         while not self._abandoned.is_set():
             if self.stop is not None and self.stop.is_set():
                 return
+            if self._asks is not None and not asked:
+                self._asks.release()
+                asked = True
             try:
                 item = self._queue.get(timeout=self.poll_s)
             except queue.Empty:
                 yield None
                 continue
+            asked = False
             if item is self._END:
                 return
             if isinstance(item, BaseException):
@@ -190,6 +216,8 @@ class EventPump:
     def close(self) -> None:
         """End the run (see the class); returns at once, never waits for the engine."""
         self._abandoned.set()
+        if self._asks is not None:
+            self._asks.release()  # a helper waiting to be asked wakes, sees the run abandoned and ends
 
 
 def waiting_status(making: str | None, seconds: float) -> str:
