@@ -326,8 +326,8 @@ def _build(engine, params: dict) -> MixtureDrafter:
 
 METHOD = MIXTURE_METHOD = register(MethodInfo(
     name="mixture", label="Mixture",
-    description="Candidates of several training-free drafters (suffix trees, token recycling, prompt lookup; "
-                "optionally Lookahead, Medusa or EAGLE) merged into one tree, pruned to this device's budget and "
+    description="Candidates of several drafters (by default suffix trees, the REST datastore, token recycling and "
+                "prompt lookup; optionally Lookahead, Medusa or EAGLE) merged into one tree, pruned to this device's budget and "
                 "verified in one pass; each token keeps the colour of the drafter that proposed it.",
     lossless=True, knobs=with_budget_knob((MEMBERS_KNOB,)),
     sources=(SOURCE_TARGET, "suffix", "recycling", "rest", SOURCE_PROMPT_LOOKUP, SOURCE_LOOKAHEAD, "medusa_head_1",

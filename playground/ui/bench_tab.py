@@ -425,7 +425,7 @@ def build(engine, models=None) -> None:
                                                   label=f"{METHODS[m].label}: {k.label}"))
             with gr.Row():
                 run_btn = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
-                stop_btn = gr.Button("Stop", variant="stop", elem_id="bench-stop")
+                stop_btn = gr.Button("Stop", variant="stop", elem_id="bench-stop", interactive=False)
     status = gr.HTML("", elem_id="bench-status")
     bar = gr.HTML(progress_html(0, 0, "not started"), elem_id="bench-progress")
     gr.Markdown("### Results on this machine")
@@ -472,8 +472,14 @@ def build(engine, models=None) -> None:
     key = [models.key] if models is not None else []
     if models is not None:
         models.follow(lambda e, _key: follow_models(e), [], [methods, *knob_inputs])
-    event = run_btn.click(run, [qset, upload, cats, methods, per_category, max_new, warmup, *knob_inputs, *key],
-                          [status, bar, table, detail, speed_plot, tau_plot, csv_file, jsonl_file],
-                          api_name="benchmark", concurrency_id="engine")
-    stop_btn.click(lambda: "Stopped. Downloads hold every turn that all methods finished.", None, status,
-                   cancels=[event], api_visibility="private", queue=False)
+    # Stop is enabled only while a benchmark runs (as on the Playground): pressed with nothing running
+    # it said "Stopped" beside "0/0 runs, not started".
+    armed = run_btn.click(lambda: (gr.Button(interactive=False), gr.Button(interactive=True)), None,
+                          [run_btn, stop_btn], api_visibility="private", queue=False)
+    event = armed.then(run, [qset, upload, cats, methods, per_category, max_new, warmup, *knob_inputs, *key],
+                       [status, bar, table, detail, speed_plot, tau_plot, csv_file, jsonl_file],
+                       api_name="benchmark", concurrency_id="engine")
+    idle = (lambda: (gr.Button(interactive=True), gr.Button(interactive=False)))
+    event.then(idle, None, [run_btn, stop_btn], api_visibility="private", queue=False)
+    stop_btn.click(lambda: ("Stopped. Downloads hold every turn that all methods finished.", *idle()), None,
+                   [status, run_btn, stop_btn], cancels=[event], api_visibility="private", queue=False)

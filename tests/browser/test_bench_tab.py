@@ -69,10 +69,15 @@ def test_defaults_labels_and_upload_errors(page, tmp_path):
     for dev in ("CLI", "--", "README", "results.jsonl", "python -m", "Leaderboard.md", "mean_accepted_tokens"):
         assert dev not in tab, f"developer wording on the Benchmark tab: {dev!r}"
 
-    # No file chosen: say so (not "no category is ticked").
+    # Nothing runs: Stop is disabled (pressed, it said "Stopped" beside "not started").
+    expect(page.locator("#bench-stop")).to_be_disabled()
+
+    # No file chosen: say so (not "no category is ticked"); Run is enabled again, Stop not.
     page.locator("#bench-set").get_by_label("Upload a JSONL file").check()
     page.locator("#bench-run").click()
     expect(page.locator("#bench-status")).to_contain_text("choose a file", timeout=30_000)
+    expect(page.locator("#bench-run")).to_be_enabled(timeout=30_000)
+    expect(page.locator("#bench-stop")).to_be_disabled()
 
     # Too large: refused before it reaches the server, naming the file and the limit.
     big = tmp_path / "big.jsonl"
@@ -128,6 +133,8 @@ def test_tiny_run_on_an_uploaded_file_reads_well(page, tmp_path):
     page.locator("#bench-warmup input[type=checkbox]").uncheck()
     page.locator("#bench-run").click()
     expect(page.locator("#bench-status")).to_contain_text("Done: 4 runs", timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#bench-run")).to_be_enabled(timeout=30_000)
+    expect(page.locator("#bench-stop")).to_be_disabled()
 
     table = page.locator("#bench-table")
     for text in ("Method", "Math reasoning speedup", f"{MARKUP} speedup", "Overall speedup", "τ (tokens per step)",
