@@ -63,8 +63,9 @@ def _layout(fig: go.Figure, title: str, x_title: str, y_title: str, height: int 
     rows = 0 if not names else max(1, -(-width // 420))
     legend_px = rows * LEGEND_ROW_PX
     fig.update_layout(
-        template="none", title=dict(text=title, x=0.02, xanchor="left", y=0.98, yanchor="top", yref="container",
-                                    font=dict(size=15)),
+        # y=1 with a padding in pixels: a fraction of the height put a tall figure's title onto its first row
+        template="none", title=dict(text=title, x=0.02, xanchor="left", y=1.0, yanchor="top", yref="container",
+                                    pad=dict(t=8), font=dict(size=15)),
         height=height + legend_px,
         margin=dict(l=60, r=20, t=44, b=50 + legend_px), font=dict(family="sans-serif", size=12, color="#6b7280"),
         paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)", showlegend=rows > 0,
@@ -163,7 +164,7 @@ def tokens_per_step_figure(series: Mapping[str, Sequence[int]],
                              hovertemplate=f"{label}<br>step %{{x}}: %{{y}} tokens<extra></extra>"), row=i + 1, col=1)
     fig = _layout(fig, "Accepted tokens per step (bonus token included), one row per method", "", "",
                   height=60 + STEP_ROW_PX * rows)
-    fig.update_layout(showlegend=False, bargap=0.15)
+    fig.update_layout(showlegend=False, bargap=0.15, margin=dict(t=72))  # room for the first row's title
     fig.update_yaxes(range=[0, top + 0.5], dtick=1 if top <= 6 else None, title_text="tokens")
     fig.update_xaxes(title_text="step (one target pass each; step 0 reads the prompt)", row=rows, col=1)
     for a in fig.layout.annotations:  # subplot titles: left-aligned, the page's font size
