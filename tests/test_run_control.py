@@ -116,14 +116,24 @@ def test_free_pump_runs_ahead_of_the_consumer():
 
 def test_lockstep_pump_closed_between_events_makes_no_more_and_closes_the_run():
     log = []
-    pump = EventPump(_logged_events(log), None, poll_s=0.5, lockstep=True)
+    pump = EventPump(_logged_events(log), None, poll_s=2.0, lockstep=True)
     assert next(iter(pump)) == {"i": 0}
     time.sleep(0.05)
     t0 = time.perf_counter()
     pump.close()  # wakes the helper waiting to be asked, well before its poll_s
     pump._thread.join(5)
-    assert not pump._thread.is_alive() and time.perf_counter() - t0 < 0.4
+    assert not pump._thread.is_alive() and time.perf_counter() - t0 < 1.0
     assert log == [("made", 0), ("closed",)]
+
+
+def test_lockstep_helper_ends_on_stop_even_unclosed():
+    """A consumer that stops iterating on Stop and never closes the pump leaves no helper waiting."""
+    log, stop = [], threading.Event()
+    pump = EventPump(_logged_events(log), stop, poll_s=0.02, lockstep=True)
+    assert next(iter(pump)) == {"i": 0}
+    stop.set()
+    pump._thread.join(5)
+    assert not pump._thread.is_alive() and log == [("made", 0), ("closed",)]
 
 
 def test_lockstep_pump_still_ends_on_stop_inside_a_long_call():

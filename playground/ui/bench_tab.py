@@ -481,5 +481,9 @@ def build(engine, models=None) -> None:
                        api_name="benchmark", concurrency_id="engine")
     idle = (lambda: (gr.Button(interactive=True), gr.Button(interactive=False)))
     event.then(idle, None, [run_btn, stop_btn], api_visibility="private", queue=False)
-    stop_btn.click(lambda: ("Stopped. Downloads hold every turn that all methods finished.", *idle()), None,
-                   [status, run_btn, stop_btn], cancels=[event], api_visibility="private", queue=False)
+    event.failure(idle, None, [run_btn, stop_btn], api_visibility="private", queue=False)  # .then skips errors
+    # Run comes back only when the cancelled run has ended (the .then above): enabled at once, a click
+    # while the old run was still pending was dropped.
+    stopped = "Stopped. Downloads hold every turn that all methods finished."
+    stop_btn.click(lambda: (stopped, gr.Button(interactive=False)), None, [status, stop_btn], cancels=[event],
+                   api_visibility="private", queue=False)

@@ -163,8 +163,8 @@ def tokens_per_step_figure(series: Mapping[str, Sequence[int]],
                              marker_color=_color(colors, label, i),
                              hovertemplate=f"{label}<br>step %{{x}}: %{{y}} tokens<extra></extra>"), row=i + 1, col=1)
     fig = _layout(fig, "Accepted tokens per step (bonus token included), one row per method", "", "",
-                  height=60 + STEP_ROW_PX * rows)
-    fig.update_layout(showlegend=False, bargap=0.15, margin=dict(t=72))  # room for the first row's title
+                  height=88 + STEP_ROW_PX * rows)
+    fig.update_layout(showlegend=False, bargap=0.15, margin=dict(t=72))  # 28 px more room for the first row's title
     fig.update_yaxes(range=[0, top + 0.5], dtick=1 if top <= 6 else None, title_text="tokens")
     fig.update_xaxes(title_text="step (one target pass each; step 0 reads the prompt)", row=rows, col=1)
     for a in fig.layout.annotations:  # subplot titles: left-aligned, the page's font size

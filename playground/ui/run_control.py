@@ -128,12 +128,14 @@ class EventPump:
     The helper thread runs in a copy of the caller's context (Gradio's request and progress).
 
     With ``lockstep`` the helper asks ``events`` for the next event only once the consumer asks
-    for it, so the engine's steps never run while the page renders an update: on a CPU the
-    rendering (Python, holding the GIL) and Gradio's encoding of the update slowed whichever step
-    ran beside them by a wait at every torch call, about the same wait for a one-token step as
-    for a verification of ten, so the baseline, the method with the most steps per token, lost
-    the most and the page's speedups came out inflated (through ``/run``, ten methods, 128 tokens:
-    prompt lookup 1.52x at tau 1.49 where the engine alone gives 1.32x at 1.47).
+    for it, so no step of this run runs while its handler builds an update and Gradio post-processes
+    it: on a CPU that work (Python, holding the GIL) slowed whichever step ran beside it by a wait at
+    every torch call, about the same wait for a one-token step as for a verification of ten, so the
+    baseline, the method with the most steps per token, lost the most and the page's speedups read
+    high (through ``/run``, ten methods, 128 tokens: the baseline at 26.6-28.6 tokens/s against
+    37-40 for the engine alone; 34.7-38.3 in lockstep). Not paced: Gradio's sending of the update
+    (on its event loop), another session's run, and a generator that runs in another process
+    (a ZeroGPU Space's GPU worker). The consumer must :meth:`close` the pump when it stops early.
 
     Args:
         events: the run's event iterator (:func:`~playground.ui.worker.stream_run`'s generator on
@@ -162,7 +164,7 @@ class EventPump:
         """Wait until the consumer asks for an event (lockstep); False once the run is abandoned."""
         if self._asks is not None:
             while not self._asks.acquire(timeout=self.poll_s):
-                if self._abandoned.is_set():
+                if self._abandoned.is_set() or (self.stop is not None and self.stop.is_set()):
                     return False
         return not self._abandoned.is_set()
 
