@@ -87,7 +87,10 @@ def test_align_steps_cases():
     assert exact and [s.emitted for s in steps] == [1, 3, 1, 1, 2] and sum(s.proposed for s in steps) == 9
     steps, exact = C.align_steps([4, 4], spec)  # merged events
     assert exact and sum(s.emitted for s in steps) == 8
-    assert C.align_steps([1, 1, 1], None) == ([C.Step(1)] * 3, True)
+    assert C.align_steps([1, 1, 1], None, speculative=False) == ([C.Step(1)] * 3, True)
+    # A speculative server without metrics: the per-event estimate, not "exact" plain decoding.
+    steps, exact = C.align_steps([1, 3, 2], None)
+    assert not exact and steps == [C.Step(1), C.Step(3, 2, 2), C.Step(2, 1, 1)]
     summary = C.SpecDecodeMetrics(3, 9, 3, 3, (1, 1, 1, 0))
     steps, exact = C.align_steps([1, 3, 2], summary)
     assert not exact and steps == [C.Step(1), C.Step(3, 2, 2), C.Step(2, 1, 1)]
@@ -117,6 +120,35 @@ def test_records_match_the_engine_fields():
     assert r["sources"].count("prompt_lookup") == 2  # the merged step's draft and the cut step's first draft
     _, length = read("ngram_len9.sse")
     assert R.record_fields(length, "prompt_lookup", [2])["finish_reason"] == "length"
+
+
+def test_records_without_per_step_metrics_say_so():
+    """A speculative server that sent only vLLM's totals (``summary``) gives alpha and the step
+    count from those totals, not from the stream's events; one that sent no metrics leaves alpha
+    unknown; both are marked "per_event", and the panel's stats line says the steps are estimated."""
+    import dataclasses
+
+    from playground.ui.vllm_panel import stats_markdown
+
+    _, done = read("ngram_list.sse")
+    exact = R.record_fields(done, "prompt_lookup", [2])
+    s = done.spec
+    summary = dataclasses.replace(done, spec=C.SpecDecodeMetrics(s.num_spec_steps, s.num_draft_tokens,
+                                                                 s.num_accepted_draft_tokens, s.num_spec_tokens,
+                                                                 s.acceptance_histogram))
+    r = R.record_fields(summary, "prompt_lookup", [2])
+    assert r["alignment"] == "per_event"
+    assert (r["proposed"], r["accepted"]) == (exact["proposed"], exact["accepted"]) == (35, 3)
+    assert r["acceptance_rate"] == pytest.approx(3 / 35)
+    assert len(done.chunks) <= r["steps"] <= exact["steps"] == 17 and r["accepted_at"] == r["proposed_at"] == []
+    bare = R.record_fields(dataclasses.replace(done, spec=None), "prompt_lookup", [2])
+    assert bare["alignment"] == "per_event"
+    assert bare["proposed"] is None and bare["accepted"] is None and bare["acceptance_rate"] is None
+    assert "steps estimated from the stream" in stats_markdown(bare, 10.0, False)
+    _, base = read("base_list.sse")
+    plain = R.record_fields(base, "autoregressive", [2])
+    assert plain["alignment"] == "exact" and plain["steps"] == plain["new_tokens"]
+    assert "estimated" not in stats_markdown(plain, None, True)
 
 
 def test_lossless_check_reads_vllm_records():

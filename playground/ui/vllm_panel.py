@@ -138,6 +138,9 @@ def stats_markdown(stats: dict, baseline_tps: float | None, is_baseline: bool) -
     if stats.get("proposed_at"):
         rates = [a / p if p else 0.0 for a, p in zip(stats["accepted_at"], stats["proposed_at"])]
         line += " · per position " + ", ".join(f"{100 * r:.0f}%" for r in rates[:8])
+    if stats.get("alignment") == "per_event":
+        line += (" · steps estimated from the stream (the server sent no per-step metrics: "
+                 "start it with --per-request-spec-decode-metrics detailed)")
     if stats.get("server_generation_s") is not None:
         line += f" · server {stats['server_generation_s'] + (stats.get('server_ttft_s') or 0):.2f} s"
     return line

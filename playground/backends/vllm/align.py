@@ -88,7 +88,8 @@ class Step:
         return [draft_source.format(d=i + 1) for i in range(drafted)] + [target_source] * (self.emitted - drafted)
 
 
-def align_steps(chunk_sizes: list[int], spec: SpecDecodeMetrics | None) -> tuple[list[Step], bool]:
+def align_steps(chunk_sizes: list[int], spec: SpecDecodeMetrics | None,
+                speculative: bool = True) -> tuple[list[Step], bool]:
     """Recover the verification steps of one request from its stream and vLLM's metrics.
 
     The stream gives ``chunk_sizes`` (tokens per event, in order); every event boundary is a step
@@ -103,6 +104,9 @@ def align_steps(chunk_sizes: list[int], spec: SpecDecodeMetrics | None) -> tuple
         chunk_sizes: tokens per streamed event, each >= 1.
         spec: the request's metrics; None or without per-step arrays when the server did not
             record them (no speculation, or not ``detailed``).
+        speculative: whether the server speculates; False: with ``spec`` None every token is
+            its own step (plain decoding), exactly. A speculative server without metrics (started
+            without ``--per-request-spec-decode-metrics``) gives the per-event estimate.
 
     Returns:
         ``(steps, exact)``: ``exact`` is False when the metrics were missing or did not fit the
@@ -124,6 +128,8 @@ def align_steps(chunk_sizes: list[int], spec: SpecDecodeMetrics | None) -> tuple
         return steps
 
     if spec is None:
+        if speculative:
+            return per_chunk(), False
         return [Step(1)] * total, True  # no speculation: one token per step
     if not spec.detailed:
         return per_chunk(), False

@@ -79,14 +79,35 @@ def record_fields(done: Completion, method: str, eos_token_ids: list[int] = ()) 
     (as the engine's runs), plus ``alignment`` ("exact", or "per_event" when the steps had to be
     guessed from the stream alone), ``server_ttft_s, server_generation_s, server_queue_s`` (vLLM's
     own clocks, None when the server does not report them) and ``vllm_fingerprint``.
+
+    With ``alignment`` "per_event", ``proposed``/``accepted`` are vLLM's per-request totals and
+    ``steps`` is estimated from them and the events (a lower bound; the per-position counts stay
+    empty); a speculative server that
+    sent no metrics at all leaves ``proposed``, ``accepted`` and ``acceptance_rate`` None (unknown),
+    and ``steps`` is the number of streamed events, an estimate.
     """
     from .methods import SOURCES
 
     ids = done.token_ids
-    steps, exact = align_steps([len(c.token_ids) for c in done.chunks], done.spec)
-    proposed = sum(s.proposed for s in steps)
-    accepted = sum(min(s.accepted, s.proposed) for s in steps)
-    accepted_at, proposed_at = per_position(steps)
+    steps, exact = align_steps([len(c.token_ids) for c in done.chunks], done.spec, method != "autoregressive")
+    spec = done.spec
+    if exact:
+        proposed = sum(s.proposed for s in steps)
+        accepted = sum(min(s.accepted, s.proposed) for s in steps)
+        accepted_at, proposed_at = per_position(steps)
+        n_steps = len(steps)
+    else:  # the stream alone cannot tell drafts from merged steps: vLLM's totals where it sent them
+        accepted_at, proposed_at = [], []
+        if spec is None:
+            proposed = accepted = None
+            n_steps = len(steps)
+        else:
+            proposed, accepted = spec.num_draft_tokens, spec.num_accepted_draft_tokens
+            # Two lower bounds, the larger kept: every event holds at least one step; and the
+            # prefill, each drafted step (accepted + 1 tokens) and one token per other step, which
+            # counts short when the last step was cut at a stop or the token limit.
+            n_steps = max(len(done.chunks),
+                          1 + spec.num_spec_steps + max(0, len(ids) - 1 - spec.num_spec_steps - accepted))
     wall = done.t_end or (done.chunks[-1].t if done.chunks else 0.0)
     reason = FINISH_REASONS.get(done.finish_reason or "", done.finish_reason)
     if reason == "eos" and isinstance(done.chunks[-1].stop_reason, str):
@@ -96,9 +117,9 @@ def record_fields(done: Completion, method: str, eos_token_ids: list[int] = ()) 
     def sec(key: str):
         return None if ms.get(key) is None else ms[key] / 1000.0
     return {
-        "new_tokens": len(ids), "steps": len(steps), "wall_s": wall, "ttft_s": done.chunks[0].t if done.chunks else 0.0,
+        "new_tokens": len(ids), "steps": n_steps, "wall_s": wall, "ttft_s": done.chunks[0].t if done.chunks else 0.0,
         "tokens_per_s": len(ids) / wall if wall > 0 else 0.0,
-        "mean_accepted_tokens": len(ids) / len(steps) if steps else 0.0,
+        "mean_accepted_tokens": len(ids) / n_steps if n_steps else 0.0,
         "acceptance_rate": accepted / proposed if proposed else None,
         "proposed": proposed, "accepted": accepted, "finish_reason": reason,
         "output_ids": ids, "output_text": done.text, "margins": [round(m, 5) for m in done.margins],
