@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         demo.block_thread()
     finally:
-        if vllm is not None and getattr(vllm, "pool", None) is not None:
-            vllm.pool.stop()
+        if vllm is not None:
+            vllm.stop()
     return 0
 
 

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from playground.backends.vllm.server import Endpoint
+from playground.backends.vllm.client import VLLMError
 from playground.ui.vllm_panel import VLLMSession, deploy_markdown
 
 
@@ -21,7 +22,7 @@ def test_warm_up_sends_one_short_request_per_server_once():
     """Each server gets one short request after it starts (its first request pays for lazy start-up,
     which would otherwise inflate the first run's baseline and every speedup), and only once."""
     session = VLLMSession()
-    session.pool = SimpleNamespace(endpoints={"autoregressive": "e0", "prompt_lookup": "e1"})
+    session.endpoints = {"autoregressive": "e0", "prompt_lookup": "e1"}
     calls = []
 
     def run(endpoint, method, ids, sampling, eos):
@@ -36,6 +37,104 @@ def test_warm_up_sends_one_short_request_per_server_once():
 
 def test_warm_up_without_servers_does_nothing():
     assert VLLMSession().warm_up([1], run=lambda *a: 1 / 0) == []
+
+
+class FakePool:
+    """A :class:`ServerPool` stand-in: records what it was asked to start, fails on demand."""
+
+    made: list = []
+
+    def __init__(self, configs, attached=None, progress=None):
+        self.configs, self.attached, self.stopped = list(configs), dict(attached or {}), False
+        self.endpoints = {}
+        FakePool.made.append(self)
+
+    def start(self):
+        if "broken" in self.configs:
+            raise RuntimeError("could not export the draft")
+        self.endpoints = {**{c: f"local-{c}" for c in self.configs}, **{m: f"at-{u}" for m, u in self.attached.items()}}
+        return self.endpoints
+
+    def stop(self):
+        self.stopped = True
+
+
+@pytest.fixture
+def fake_servers(monkeypatch):
+    from playground.ui import vllm_panel
+
+    FakePool.made = []
+    monkeypatch.setattr(vllm_panel, "ServerPool", FakePool)
+    monkeypatch.setattr(vllm_panel.vm, "server_configs", lambda names, **kw: list(names))
+    return FakePool.made
+
+
+def test_servers_for_methods_ticked_later_are_started_and_warmed_once(fake_servers):
+    """The first Start starts the ticked methods' servers; a method ticked afterwards gets its own
+    server at the next Start or Run (it used to be told to press Start, which did nothing); each new
+    server is warmed up once, and a failed warm-up leaves it not ready, so the next call retries;
+    exit stops every server started here."""
+    session = VLLMSession()
+    warmed = []
+
+    def run(endpoint, method, ids, sampling, eos):
+        if endpoint == "local-suffix" and not any(m == "suffix" for m, _ in warmed):
+            warmed.append(("suffix", "failed"))
+            raise VLLMError("warm-up refused")
+        warmed.append((method, endpoint))
+
+    assert session.ready(["autoregressive", "prompt_lookup"], [1], run=run) == {
+        "autoregressive": "local-autoregressive", "prompt_lookup": "local-prompt_lookup"}
+    assert session.missing(["autoregressive", "prompt_lookup", "suffix"]) == ["suffix"]
+    with pytest.raises(VLLMError, match="warm-up refused"):
+        session.ready(["autoregressive", "prompt_lookup", "suffix"], [1], run=run)
+    assert session.missing(["suffix"]) == ["suffix"]  # started but not warmed: not ready
+    assert set(session.ready(["autoregressive", "suffix"], [1], run=run)) == {"autoregressive", "prompt_lookup", "suffix"}
+    assert [p.configs for p in fake_servers] == [["autoregressive", "prompt_lookup"], ["suffix"]]
+    assert [m for m, e in warmed if e != "failed"] == ["autoregressive", "prompt_lookup", "suffix"]
+    session.stop()
+    assert all(p.stopped for p in fake_servers)
+
+
+def test_with_attached_servers_only_nothing_is_started_here(fake_servers):
+    """``--vllm-url`` without ``--vllm``: the tab offers the attached methods only and never starts a
+    local server beside them (its speed would be divided by a remote baseline's, or the reverse)."""
+    import argparse
+
+    session = VLLMSession.from_args(argparse.Namespace(vllm=False, vllm_url=["autoregressive=http://gpu:8000",
+                                                                           "eagle=http://gpu:8001"]))
+    assert not session.local and session.methods() == ["autoregressive", "eagle"]
+    assert session.ready(["autoregressive", "eagle"], [1], run=lambda *a: None) == {
+        "autoregressive": "at-http://gpu:8000", "eagle": "at-http://gpu:8001"}
+    assert fake_servers[0].configs == []
+    with pytest.raises(ValueError, match="--vllm-url prompt_lookup=URL"):
+        session.ready(["autoregressive", "prompt_lookup"], [1], run=lambda *a: None)
+    assert VLLMSession.from_args(argparse.Namespace(vllm=True, vllm_url=None)).local
+
+
+def test_start_failures_of_any_kind_end_in_a_readable_status(fake_servers):
+    """A load or export error (not a vLLM error) while starting ends Start and Run with an error
+    status, not a raw error that leaves "starting..." on the page; a long server failure keeps its
+    head (which server, its log file) and its tail (the log's last lines)."""
+    import gradio as gr
+
+    from playground.ui import vllm_panel
+
+    engine = SimpleNamespace(encode_prompt=lambda text: [1, 2], target=SimpleNamespace(tokenizer=None, eos_token_ids=[2]))
+    session = VLLMSession()
+    with gr.Blocks() as demo:
+        vllm_panel.build(session, engine)
+    fns = {getattr(f.fn, "__name__", ""): f for f in demo.fns.values()}
+    assert fns["on_run"].concurrency_id == fns["on_start"].concurrency_id == "vllm"
+    assert fns["on_run"].concurrency_limit == 1
+    updates = list(fns["on_start"].fn(["broken"]))
+    assert "starting vLLM servers for autoregressive, broken" in updates[0]
+    assert "pill-error" in updates[-1] and "could not export the draft" in updates[-1]
+    updates = list(fns["on_run"].fn(SimpleNamespace(session_hash="s"), ["broken"], "Hi", 8))
+    assert "could not export the draft" in str(list(updates[-1].values())[-1])
+    text = vllm_panel.error_text(RuntimeError("server eagle at http://x exited with code 1, log /tmp/l"
+                                              + "x" * 5000 + "the last log line"))
+    assert len(text) <= 1503 and text.startswith("server eagle at http://x") and text.endswith("the last log line")
 
 
 def test_deploy_commands_run_the_same_configs_on_a_machine_of_your_own(capsys, tmp_path):
@@ -282,7 +381,6 @@ def test_a_run_that_fails_unexpectedly_ends_with_an_error_status_not_an_exceptio
         raise RuntimeError("the tokenizer broke")
     engine = SimpleNamespace(encode_prompt=encode_prompt, target=SimpleNamespace(tokenizer=None, eos_token_ids=[2]))
     session = vllm_panel.VLLMSession()
-    session.pool = SimpleNamespace(endpoints={})
     with gr.Blocks() as demo:
         vllm_panel.build(session, engine)
     on_run = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "on_run")

@@ -44,18 +44,27 @@ MAX_NEW_TOKENS = 1024
 class VLLMSession:
     """The vLLM servers of one app: attached ones, and those started here on demand (stopped at exit).
 
+    A server is *ready* once it runs and has answered one short warm-up request; :attr:`endpoints`
+    holds the ready ones. :meth:`ready` (Start, and every Run) starts and warms what the ticked
+    methods still lack, under one lock, so a Run pressed while servers start waits for them.
+
     Args:
         target: the playground target spec the servers run.
         attached: ``{method: url}`` from ``--vllm-url``.
         draft: the draft for draft_model (``--draft``; None: the shipped one with the default target).
         eagle: the EAGLE-3 head for eagle (``--eagle``; None: the shipped one with the default target).
+        local: whether servers may be started on this machine (``--vllm``); False (only
+            ``--vllm-url``): the tab offers and runs the attached methods only, so no speedup
+            divides one machine's speed by another's.
     """
 
     target: str = "default"
     attached: dict = field(default_factory=dict)
     draft: str | None = None
     eagle: str | None = None
-    pool: ServerPool | None = None
+    local: bool = True
+    pools: list = field(default_factory=list)
+    endpoints: dict = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     warmed: set = field(default_factory=set)
 
@@ -69,31 +78,46 @@ class VLLMSession:
         if not (getattr(args, "vllm", False) or getattr(args, "vllm_url", None)):
             return None
         return cls(getattr(args, "target", "default"), parse_vllm_urls(args.vllm_url),
-                   getattr(args, "draft", None), getattr(args, "eagle", None))
+                   getattr(args, "draft", None), getattr(args, "eagle", None), bool(getattr(args, "vllm", False)))
 
     def methods(self) -> list[str]:
-        """Methods the tab offers: the supported ones whose draft or head this target has, and any attached."""
+        """Methods the tab offers: the attached ones, and with :attr:`local` the supported ones whose
+        draft or head this target has."""
+        if not self.local:
+            return list(self.attached)
         served = [m for m in vm.SUPPORTED if vm.missing_model(m, self.target, self.draft, self.eagle) is None]
         return list(dict.fromkeys(served + list(self.attached)))
 
-    def start(self, methods: list[str], progress=None) -> dict:
-        """Start (once) the servers of ``methods`` that are not attached; returns the endpoints.
+    def missing(self, methods: list[str]) -> list[str]:
+        """The methods of ``methods`` without a ready server yet."""
+        return [m for m in dict.fromkeys(methods) if m not in self.endpoints or m not in self.warmed]
+
+    def ready(self, methods: list[str], prompt_ids: list[int], eos_token_ids: list[int] = (), progress=None,
+              run=None) -> dict:
+        """Start the servers ``methods`` still lack (attach the attached ones), warm each new one
+        up (:meth:`warm_up`), and return every ready endpoint ``{method: Endpoint}``.
 
         Raises:
-            VLLMServerError, VLLMError, ValueError: as :class:`ServerPool` and :func:`.methods.server_configs`.
+            ValueError: a method is neither attached nor may be started here (:attr:`local` False),
+                or as :func:`.methods.server_configs`.
+            VLLMServerError, VLLMError: a server failed to start or to answer its warm-up request
+                (servers started by this call are stopped again on a start failure).
         """
         with self.lock:
-            if self.pool is None:
-                local = [m for m in methods if m not in self.attached]
-                self.pool = ServerPool(vm.server_configs(local, target=self.target, draft=self.draft, eagle=self.eagle)
-                                       if local else [], self.attached,
-                                       progress=progress)
-                try:
-                    self.pool.start()
-                except BaseException:
-                    self.pool = None
-                    raise
-            return self.pool.endpoints
+            todo = [m for m in dict.fromkeys(methods) if m not in self.endpoints]
+            local = [m for m in todo if m not in self.attached]
+            if local and not self.local:
+                raise ValueError(f"no server attached for {', '.join(local)}: attach it with --vllm-url "
+                                 f"{local[0]}=URL, or start the app with --vllm to start servers here")
+            if todo:
+                pool = ServerPool(vm.server_configs(local, target=self.target, draft=self.draft, eagle=self.eagle)
+                                  if local else [], {m: self.attached[m] for m in todo if m in self.attached},
+                                  progress=progress)
+                pool.start()  # on a failure it stops its own servers and raises
+                self.pools.append(pool)
+                self.endpoints.update(pool.endpoints)
+            self.warm_up(prompt_ids, eos_token_ids, run)
+            return dict(self.endpoints)
 
     def warm_up(self, prompt_ids: list[int], eos_token_ids: list[int] = (), run=None) -> list[str]:
         """Send one short request to every server not warmed up yet (as the benchmark's warm-up does):
@@ -107,11 +131,26 @@ class VLLMSession:
         from playground.bench.runner import WARMUP_TOKENS
 
         run = run or run_to_end
-        todo = [m for m in (self.pool.endpoints if self.pool else {}) if m not in self.warmed]
+        todo = [m for m in self.endpoints if m not in self.warmed]
         for m in todo:
-            run(self.pool.endpoints[m], m, prompt_ids, Sampling(WARMUP_TOKENS), list(eos_token_ids))
+            run(self.endpoints[m], m, prompt_ids, Sampling(WARMUP_TOKENS), list(eos_token_ids))
             self.warmed.add(m)
         return todo
+
+    def stop(self) -> None:
+        """Stop every server started here (attached ones keep running)."""
+        for pool in self.pools:
+            pool.stop()
+
+
+def error_text(e: BaseException, limit: int = 1500) -> str:
+    """``str(e)``, at most ``limit`` characters: its head (a server failure names the server, its
+    URL, exit code and log file first) and its tail (the log's last lines)."""
+    text = str(e) or type(e).__name__
+    if len(text) <= limit:
+        return text
+    head = limit // 3
+    return text[:head] + " … " + text[-(limit - head):]
 
 
 def token_pieces(tokenizer, ids: list[int], sources: list[str]) -> list[tuple[str, str]]:
@@ -313,21 +352,33 @@ def build(session: VLLMSession, engine) -> None:
                              gr.Markdown("", elem_id=f"vllm-stats-{m}"), gr.HTML("", elem_id=f"vllm-badge-{m}"))
     outputs = [status] + [c for p in panels.values() for c in p]
 
-    def start_servers(names):
-        try:
-            session.start(list(dict.fromkeys(["autoregressive"] + list(names))))
-            from playground.bench.runner import WARMUP_PROMPT
+    def start_servers(names) -> tuple[bool, str]:
+        """Make the servers of ``names`` and the baseline ready; ``(ok, status HTML)``."""
+        from playground.bench.runner import WARMUP_PROMPT
 
-            session.warm_up(engine.encode_prompt(WARMUP_PROMPT), list(engine.target.eos_token_ids))
-        except (VLLMServerError, VLLMError, ValueError) as e:
-            return render.status_html("error", str(e)[-1500:])
-        return render.status_html("done", "servers ready: " + ", ".join(
-            f"{m} at {e.url} (vLLM {e.version})" for m, e in session.pool.endpoints.items()))
+        try:
+            endpoints = session.ready(list(dict.fromkeys(["autoregressive"] + list(names))),
+                                      engine.encode_prompt(WARMUP_PROMPT), list(engine.target.eos_token_ids))
+        except Exception as e:  # noqa: BLE001  (a load or export error too: the page says what went wrong)
+            if not isinstance(e, (VLLMServerError, VLLMError, ValueError)):
+                log.error("starting vLLM servers failed", exc_info=e)
+            return False, render.status_html("error", error_text(e))
+        return True, render.status_html("done", "servers ready: " + ", ".join(
+            f"{m} at {e.url} (vLLM {e.version})" for m, e in endpoints.items()))
+
+    def starting(names) -> str | None:
+        """The status while servers start, or None when every one needed is ready."""
+        missing = session.missing(["autoregressive"] + list(names))
+        if not missing:
+            return None
+        return render.status_html("running", "starting vLLM servers for " + ", ".join(missing)
+                                  + " (about a minute or two on a CPU)…")
 
     def on_start(names):
-        if session.pool is None:
-            yield render.status_html("running", "starting vLLM servers (about a minute or two on a CPU)…")
-        yield start_servers(names)
+        note = starting(names)
+        if note:
+            yield note
+        yield start_servers(names)[1]
 
     def on_run(request: gr.Request, names, text, n):
         key = getattr(request, "session_hash", None)
@@ -344,20 +395,24 @@ def build(session: VLLMSession, engine) -> None:
 
     def _run(names, text, n, flag):
         names = ["autoregressive"] + [m for m in names if m != "autoregressive"]
-        if session.pool is None:
-            yield {status: render.status_html("running", "starting vLLM servers (about a minute or two on a CPU)…")}
-            yield {status: start_servers(names)}
-            if session.pool is None:
-                return
         try:
             ids = engine.encode_prompt(text)
         except ValueError as e:
             yield {status: render.status_html("warning", str(e))}
             return
-        yield from stream_methods(session.pool.endpoints, engine.target.tokenizer, names, ids,
+        note = starting(names)
+        if note:
+            yield {status: note}
+        ok, message = start_servers(names)  # waits while another Start or Run is starting servers
+        if not ok:
+            yield {status: message}
+            return
+        yield from stream_methods(dict(session.endpoints), engine.target.tokenizer, names, ids,
                                   Sampling(int(n)), list(engine.target.eos_token_ids), flag, panels, status)
 
-    start.click(on_start, [chosen], [status])
+    # One at a time, across browser sessions: two runs at once on the same servers would be batched
+    # together by vLLM and time each other.
+    start.click(on_start, [chosen], [status], concurrency_limit=1, concurrency_id="vllm")
 
     def arm(request: gr.Request):
         STOPS.arm(getattr(request, "session_hash", None))
@@ -372,7 +427,7 @@ def build(session: VLLMSession, engine) -> None:
     # last run's text, stats and badges, and a page scrolled to its end would then scroll up by what
     # it lost, moving Stop away from under the pointer (a click then misses it).
     run.click(arm, None, [run, stop], api_visibility="private", queue=False, js=HOLD_PANELS_JS).then(
-        on_run, [chosen, prompt, max_new], outputs).then(
+        on_run, [chosen, prompt, max_new], outputs, concurrency_limit=1, concurrency_id="vllm").then(
         lambda: (gr.Button(interactive=True), gr.Button(interactive=False)), None, [run, stop],
         api_visibility="private", queue=False, js=RELEASE_PANELS_JS)
     stop.click(on_stop, None, None, api_visibility="private", queue=False)

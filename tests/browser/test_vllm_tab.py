@@ -54,8 +54,7 @@ def vllm_page(browser, request):  # noqa: F811
         with serve(ui_engine(request), vllm=session) as url:
             yield url, session
     finally:
-        if session.pool is not None:
-            session.pool.stop()
+        session.stop()
 
 
 def _no_error(page) -> None:
@@ -148,7 +147,7 @@ def test_vllm_tab_runs_four_methods_and_stops(browser, vllm_page):  # noqa: F811
         expect(page.locator("#vllm-run")).to_be_enabled()  # the run's last step: the row's height released
         assert page.evaluate('document.getElementById("vllm-panels").style.minHeight') == ""
         shown = page.locator("#vllm-panel-autoregressive").inner_text()
-        e = session.pool.endpoints["autoregressive"]
+        e = session.endpoints["autoregressive"]
         deadline = time.monotonic() + 20
         while C.read_metrics(e.url).get("vllm:num_requests_running", 0) > 0:
             assert time.monotonic() < deadline, "the request kept running after Stop"
