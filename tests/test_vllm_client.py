@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -256,6 +257,34 @@ def test_a_server_that_fails_to_start_is_reported_with_its_log(tmp_path, monkeyp
     with pytest.raises(S.VLLMServerError, match=r"exited with code 1 before it was ready(.|\n)*No module named"):
         server.wait_ready(timeout=60)
     assert server.log_path.is_file()
+
+
+def test_a_crashed_server_still_has_its_engine_process_stopped(tmp_path, monkeypatch):
+    """A server whose API process died (as in a crash) may leave vLLM's engine process, in the same
+    process group, running with the model in memory: stopping it kills the whole group anyway."""
+    monkeypatch.setenv("PLAYGROUND_CACHE_DIR", str(tmp_path))
+    pid_file = tmp_path / "engine.pid"
+    fake = tmp_path / "fake-vllm"
+    fake.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {pid_file}\nexit 3\n")
+    fake.chmod(0o755)
+    server = S.VLLMServer(S.ServerConfig("autoregressive", "/nowhere"), python=str(fake), device="cpu")
+    server.start()
+    with pytest.raises(S.VLLMServerError, match="exited with code 3"):
+        server.wait_ready(timeout=60)
+    engine_pid = int(pid_file.read_text())
+
+    def alive() -> bool:
+        try:
+            return Path(f"/proc/{engine_pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+        except OSError:
+            return False
+    assert alive()
+    server.stop()
+    deadline = time.monotonic() + 10
+    while alive():
+        assert time.monotonic() < deadline, "the engine process outlived stop()"
+        time.sleep(0.1)
+    server.stop()  # again: nothing left, no error
 
 
 def test_missing_vllm_environment_is_explained(monkeypatch, tmp_path):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import json
+import logging
 import os
 import signal
 import socket
@@ -30,6 +31,7 @@ from typing import Callable
 
 from .client import VLLMError, get_json
 
+log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[3]
 VLLM_PYTHON_ENV = "PLAYGROUND_VLLM_PYTHON"
 """Environment variable naming the Python interpreter that has vLLM (default ``.venv-vllm/bin/python``)."""
@@ -321,24 +323,29 @@ class VLLMServer:
                 f"{self.log_path}:\n{tail(self.log_path)}")
 
     def stop(self, grace_s: float = 15.0) -> None:
-        """Stop the server and its engine processes (SIGTERM to its process group, then SIGKILL)."""
+        """Stop the server and its engine processes: SIGTERM to its process group, ``grace_s`` for
+        the server to exit, then SIGKILL to whatever is left of the group. A server whose API
+        process has died already (a crash) still has its group killed: vLLM's engine process, in
+        the same group, may have outlived it with the model and KV cache in memory. Never raises."""
         with _LIVE_LOCK:
             _LIVE.discard(self)
         p = self.process
-        if p is None or p.poll() is not None:
+        if p is None:
             return
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            p.wait(grace_s)
-        except subprocess.TimeoutExpired:
+        if p.poll() is None:
             try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(grace_s)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
+        try:  # the group's id stays the leader's pid while any member lives
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
             p.wait(5)
+        except subprocess.TimeoutExpired:
+            log.warning("vLLM server for %s (pid %d) did not exit after SIGKILL", self.config.name, p.pid)
 
 
 def share_gpu(configs: list[ServerConfig], device: str) -> list[ServerConfig]:
@@ -415,9 +422,13 @@ class ServerPool:
         return self.endpoints
 
     def stop(self) -> None:
-        """Stop every server started here (attached ones keep running)."""
+        """Stop every server started here (attached ones keep running); one that fails to stop
+        does not keep the others running."""
         for s in self.servers:
-            s.stop()
+            try:
+                s.stop()
+            except Exception:  # noqa: BLE001
+                log.exception("stopping the vLLM server for %s failed", s.config.name)
 
     def __enter__(self) -> "ServerPool":
         self.start()
