@@ -187,14 +187,34 @@ def test_request_body():
         C.completion_body("m", [], 4)
 
 
+def test_server_configs_name_local_folders_by_absolute_paths(tmp_path, monkeypatch):
+    """Servers started here run in the repository's folder, so a head, draft or target folder
+    given relative to where the app was started is passed to vLLM as an absolute path."""
+    head = tmp_path / "heads" / "mine"
+    head.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(M, "default_target_folder", lambda target: target)
+    (tmp_path / "my-target").mkdir()
+    config = M.server_configs(["eagle"], target="my-target", eagle="heads/mine")[0]
+    assert config.speculative_config["model"] == str(head) and config.model == str(tmp_path / "my-target")
+    assert M.local_path("someone/hub-model") == "someone/hub-model"
+
+
 def test_speculative_configs():
     """The configs the servers get, checked against the engine's knob bounds."""
+    from playground.engine import K_KNOB
+
     assert M.speculative_config("autoregressive") is None
     assert M.speculative_config("prompt_lookup", {"max_ngram_size": 2, "num_pred_tokens": 5}) == \
         {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
     assert M.speculative_config("draft_model", {"k": 3}, "/d") == \
         {"method": "draft_model", "model": "/d", "num_speculative_tokens": 3}
-    assert M.speculative_config("draft_model", None, "/d")["num_speculative_tokens"] == 2  # draft_knobs.json
+    # Without knobs, a draft of unknown origin runs the engine's K (the callers pass the served
+    # draft's own K: params_for / server_configs, below).
+    assert M.speculative_config("draft_model", None, "/d")["num_speculative_tokens"] == K_KNOB.default
+    assert M.params_for("draft_model") == {"k": 2}  # the shipped draft's draft_knobs.json
+    assert M.params_for("draft_model", None, "default", "someone/hub-draft") == {"k": K_KNOB.default}
+    assert M.params_for("draft_model", {"k": 5}, "default", "someone/hub-draft") == {"k": 5}
     with pytest.raises(ValueError, match="cannot run on vLLM: vLLM has no Lookahead"):
         M.speculative_config("lookahead")
     with pytest.raises(ValueError, match="confidence must be 0"):

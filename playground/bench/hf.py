@@ -119,7 +119,7 @@ def load_assistant(target, k: int | None = None):
     from playground.backends.vllm.methods import knob_defaults
     from playground.engine import DEFAULT_DRAFT_DIR
 
-    k = k or knob_defaults("draft_model")["k"]
+    k = k or knob_defaults("draft_model", DEFAULT_DRAFT_DIR)["k"]
     folder = export_full_vocab(DEFAULT_DRAFT_DIR, target_vocab=int(target.model.config.get_text_config().vocab_size))
     draft = AutoModelForCausalLM.from_pretrained(str(folder), dtype=target.dtype).to(target.device).eval()
     draft.generation_config.num_assistant_tokens = k

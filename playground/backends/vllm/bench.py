@@ -168,7 +168,7 @@ def run(args: argparse.Namespace, methods: list[str], params: dict[str, dict], s
                     return {**run_to_end(e, m, ids, sampling, eos), **about}
                 except VLLMError as err:
                     raise B.BenchError(f"{m}: {err}") from None
-            return B.Runner(m, M.params_for(m, params.get(m)) if m in M.SUPPORTED else dict(params.get(m) or {}), go)
+            return B.Runner(m, M.params_for(m, params.get(m), args.target, getattr(args, "draft", None)) if m in M.SUPPORTED else dict(params.get(m) or {}), go)
 
         runners = [runner(m) for m in methods]
         extra = {"temperature": settings.sampling.temperature, "dtype": dtype, "target": prompts.target.name}

@@ -59,7 +59,8 @@ def unsupported_reason(method: str) -> str | None:
 
 def knob_defaults(method: str, draft_dir: str | Path | None = None) -> dict:
     """The knob values a method runs with when none are given (the built-in engine's defaults;
-    for draft_model, the draft folder's ``draft_knobs.json`` first)."""
+    for draft_model, the ``draft_knobs.json`` of the draft folder ``draft_dir`` first: pass the
+    draft actually served, as the engine does; a hub-id draft, ``None``, takes the engine's K)."""
     from playground.engine import K_KNOB, PROMPT_LOOKUP_NGRAM_KNOB, PROMPT_LOOKUP_TOKENS_KNOB
 
     if method == "prompt_lookup":
@@ -67,10 +68,10 @@ def knob_defaults(method: str, draft_dir: str | Path | None = None) -> dict:
                 "num_pred_tokens": int(PROMPT_LOOKUP_TOKENS_KNOB.default)}
     if method == "draft_model":
         from playground.engine import load_knob_defaults
-        from playground.engine import DEFAULT_DRAFT_DIR
 
         values = {"k": int(K_KNOB.default)}
-        values.update({k: v for k, v in load_knob_defaults(draft_dir or DEFAULT_DRAFT_DIR).items() if k == "k"})
+        if draft_dir is not None:
+            values.update({k: v for k, v in load_knob_defaults(draft_dir).items() if k == "k"})
         return values
     if method == "eagle":
         from playground.engine import EAGLE_KNOBS
@@ -151,8 +152,11 @@ def missing_model(method: str, target: str = "default", draft: str | None = None
     return None
 
 
-def params_for(method: str, params: dict | None = None) -> dict:
-    """The knob values a method's server runs with (defaults filled in), for records."""
+def params_for(method: str, params: dict | None = None, target: str = "default", draft: str | None = None) -> dict:
+    """The knob values a method's server runs with (defaults filled in; draft_model's K from the
+    draft it serves, as :func:`server_configs` sets it), for records."""
+    if method == "draft_model":
+        return _draft_params(target, draft, params)
     return {**knob_defaults(method), **(params or {})}
 
 
@@ -188,19 +192,26 @@ def server_configs(methods: list[str], params: dict[str, dict] | None = None, ta
     Raises:
         ValueError: an unsupported method or knob, draft_model without a draft, or eagle without a head.
     """
-    model = default_target_folder(target)
+    model = local_path(default_target_folder(target))  # servers run in the repository's folder
     draft_folder = None
     params = dict(params or {})
     if "draft_model" in methods:
-        draft_folder = vllm_draft_folder(target, draft)
+        draft_folder = local_path(vllm_draft_folder(target, draft))
         params["draft_model"] = _draft_params(target, draft, params.get("draft_model"))
     head = None
     if "eagle" in methods:
         from playground.engine import eagle_spec
 
         head = eagle_spec(target, eagle)
+        head = local_path(head) if head else None
     return [ServerConfig(m, model, speculative_config(m, (params or {}).get(m), draft_folder, head), dtype,
                          max_model_len, extra_args=tuple(extra_args)) for m in methods]
+
+
+def local_path(spec: str) -> str:
+    """``spec`` as an absolute path when it names a file or folder here (relative to the current
+    folder, as the user typed it), else unchanged (a hub id)."""
+    return str(Path(spec).resolve()) if Path(spec).exists() else spec
 
 
 def _draft_params(target: str, draft: str | None, given: dict | None) -> dict:
@@ -266,10 +277,7 @@ def serve_commands(methods: list[str], params: dict[str, dict] | None = None, ta
     if not methods:
         raise ValueError("no method to serve: name at least one, e.g. autoregressive,prompt_lookup")
 
-    def local(f: str) -> str:
-        return str(Path(f).resolve()) if Path(f).exists() else f
-
-    model = DEFAULT_HUB_ID if target == DEFAULT_TARGET else local(target)
+    model = DEFAULT_HUB_ID if target == DEFAULT_TARGET else local_path(target)
     prepare, folders, commands, urls = [], [model] if Path(model).is_dir() else [], [], []
     share = gpu_share_args(len(methods))
     for i, m in enumerate(methods):
@@ -278,17 +286,17 @@ def serve_commands(methods: list[str], params: dict[str, dict] | None = None, ta
         if m == "draft_model":
             spec = default_draft_spec(target, draft)
             given = _draft_params(target, draft, given)
-            draft_folder = local(spec) if spec else None
+            draft_folder = local_path(spec) if spec else None
             if spec and (Path(spec) / TOKEN_MAP_FILE).is_file():
                 from .export_draft import EXPORT_INFO_FILE, default_export_dir
 
                 draft_folder = str(default_export_dir(spec))
                 if not (Path(draft_folder) / EXPORT_INFO_FILE).is_file():
                     prepare.append(shlex.join([".venv/bin/python", "-m", "playground.backends.vllm.export_draft",
-                                               "--draft", local(spec)]))
+                                               "--draft", local_path(spec)]))
         if m == "eagle":
             head = eagle_spec(target, eagle)
-            head = local(head) if head else None
+            head = local_path(head) if head else None
         config = speculative_config(m, given, draft_folder, head)
         args = ["vllm", "serve", model, "--port", str(port + i), "--served-model-name", m, *share,
                 "--enable-per-request-metrics"]
