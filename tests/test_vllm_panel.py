@@ -137,6 +137,44 @@ def test_start_failures_of_any_kind_end_in_a_readable_status(fake_servers):
     assert len(text) <= 1503 and text.startswith("server eagle at http://x") and text.endswith("the last log line")
 
 
+def test_serve_reports_a_server_that_dies_or_cannot_start(monkeypatch, capsys):
+    """``python -m playground.backends.vllm.serve``: a server that exits while serving ends the
+    command with status 1 naming it and its log (it used to exit 0 in silence); one that cannot
+    start, or a model that cannot be loaded, is an error message with status 1, not a traceback."""
+    from playground.backends.vllm import serve
+    from playground.backends.vllm.server import VLLMServerError
+
+    dead = SimpleNamespace(process=SimpleNamespace(poll=lambda: 3, returncode=3), url="http://127.0.0.1:9",
+                           config=SimpleNamespace(name="prompt_lookup"), log_path="/tmp/prompt_lookup.log")
+
+    class Pool:
+        fail = None
+
+        def __init__(self, configs, progress=None):
+            self.servers, self.endpoints, self.stopped = [dead], {}, False
+
+        def start(self):
+            if Pool.fail:
+                raise Pool.fail
+
+        def stop(self):
+            self.stopped = True
+
+    monkeypatch.setattr(serve, "ServerPool", Pool)
+    monkeypatch.setattr(serve, "server_configs", lambda methods: list(methods))
+    assert serve.main(["prompt_lookup"]) == 1
+    err = capsys.readouterr().err
+    assert "prompt_lookup (http://127.0.0.1:9) exited with code 3" in err and "/tmp/prompt_lookup.log" in err
+    Pool.fail = VLLMServerError("vLLM server for prompt_lookup exited with code 1 before it was ready")
+    assert serve.main(["prompt_lookup"]) == 1
+    assert "error: vLLM server for prompt_lookup exited" in capsys.readouterr().err
+
+    def no_model(methods):
+        raise RuntimeError("cannot load the target 'nowhere'")
+    monkeypatch.setattr(serve, "server_configs", no_model)
+    assert serve.main(["prompt_lookup"]) == 1 and "cannot load the target" in capsys.readouterr().err
+
+
 def test_deploy_commands_run_the_same_configs_on_a_machine_of_your_own(capsys, tmp_path):
     """The vLLM tab's deploy commands: one `vllm serve` per method on consecutive ports, each with the
     speculative config the servers started here get (the default target by its hub id, the shipped

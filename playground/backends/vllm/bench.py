@@ -131,7 +131,7 @@ def run(args: argparse.Namespace, methods: list[str], params: dict[str, dict], s
         configs = M.server_configs(local, params, args.target, getattr(args, "draft", None), dtype,
                                    args.vllm_max_model_len, eagle=getattr(args, "eagle", None)) if local else []
         folder = M.default_target_folder(args.target)
-    except ValueError as e:
+    except (ValueError, RuntimeError) as e:  # RuntimeError: a model not found, a draft not exported
         raise B.BenchError(str(e)) from None
     spec_of = {c.name: c.speculative_config for c in configs}
     prompts = PromptBuilder(folder, "SmolLM2-135M-Instruct" if args.target == "default" else args.target,

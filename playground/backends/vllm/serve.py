@@ -8,14 +8,16 @@ from __future__ import annotations
 import sys
 import time
 
+from .client import VLLMError
 from .methods import server_configs
-from .server import ServerPool
+from .server import ServerPool, VLLMServerError
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m playground.backends.vllm.serve METHODS [--print]``: start the methods' servers on the
     default target and keep them running (Ctrl-C stops them), printing their ``--vllm-url`` options; or,
-    with ``--print``, print how to run them on a machine of your own. Exit status 2 on a bad method list."""
+    with ``--print``, print how to run them on a machine of your own. Exit status 2 on a bad method list,
+    1 when a server cannot start or one exits (its log named), 0 after Ctrl-C."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m playground.backends.vllm.serve",
@@ -38,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # the model cannot be loaded, or the draft not exported
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     if args.print_only:
         lines = [f"# here, first:\n{c}" for c in plan.prepare]
         lines += [f"# copy {f} to the serving machine (same path, or edit the commands)" for f in plan.folders]
@@ -46,15 +51,26 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(lines))
         return 0
     pool = ServerPool(configs, progress=lambda f, m: print(m, file=sys.stderr, flush=True))
-    with pool:
+    try:
+        pool.start()
+    except (VLLMServerError, VLLMError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    try:
         for name, e in pool.endpoints.items():
             print(f"--vllm-url {name}={e.url}", flush=True)
-        try:
-            while all(s.process and s.process.poll() is None for s in pool.servers):
-                time.sleep(1)
-        except KeyboardInterrupt:
-            pass
-    return 0
+        while True:
+            dead = [s for s in pool.servers if s.process is None or s.process.poll() is not None]
+            if dead:
+                for s in dead:
+                    print(f"error: the vLLM server for {s.config.name} ({s.url}) exited with code "
+                          f"{s.process.returncode if s.process else '?'}; its log: {s.log_path}", file=sys.stderr)
+                return 1
+            time.sleep(1)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        pool.stop()
 
 
 if __name__ == "__main__":
