@@ -374,8 +374,10 @@ def advise(s: Situation, verify_cost=None) -> Advice:
     if s.task in COPY_TASKS:
         reasons.append(("copy_tasks", f"{s.task} repeats the prompt: prompt lookup copies it almost for free"))
         methods.append("prompt_lookup")
-        if primary == "lookahead" and not s.willing_to_train:
-            primary = "prompt_lookup"  # the cheaper of the two zero-training methods fits a copy task best
+        if primary == "lookahead" and not s.willing_to_train and best is None:
+            # the cheaper of the two zero-training methods fits a copy task best (a measurement that
+            # put Lookahead first is not overruled)
+            primary = "prompt_lookup"
     elif primary == "lookahead":
         methods.append("prompt_lookup")  # the other zero-training method, for comparison
     # 3. K: the loaded draft's own (measured) K, else by appetite, capped on a CPU by the verify cost.

@@ -67,6 +67,10 @@ def test_rule_copy_tasks_add_prompt_lookup(task):
     adv = advisor.advise(advisor.Situation(7, None, task=task))  # zero training + copying: prompt lookup first
     assert adv.primary == "prompt_lookup"
     assert "copy_tasks" not in advisor.advise(advisor.Situation(70, 7, task="chat")).rule_ids()
+    # A run that measured Lookahead fastest is not overruled by the copy rule (the page showed
+    # "Recommended: Prompt lookup" beside the measurement's "Lookahead first").
+    adv = advisor.advise(advisor.Situation(7, None, task=task, run_speedups={"lookahead": 1.3, "prompt_lookup": 1.1}))
+    assert adv.primary == "lookahead" and "prompt_lookup" in adv.methods
 
 
 @pytest.mark.parametrize("appetite,k", [("conservative", 2), ("default", 4), ("aggressive", 8)])

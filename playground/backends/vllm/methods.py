@@ -37,7 +37,9 @@ UNSUPPORTED = {
     "lookahead": "vLLM has no Lookahead (Jacobi) decoding",
     "medusa": "vLLM's medusa method loads heads in a checkpoint format of its own, not the reference "
               "implementation's format that the playground trains",
-    "suffix": "vLLM's suffix decoding needs the arctic-inference package, which has no CPU build",
+    "suffix": "vLLM's suffix method needs the arctic-inference package, which this backend does not install "
+              "(pip finds no wheel of its current release for this machine, only sources whose build failed "
+              "here); on a GPU host with it installed, vLLM serves it as its suffix method",
     "mixture": "vLLM runs one speculative method per server, not a tree merged from several drafters",
     "rest": "vLLM has no retrieval (REST) drafter",
     "recycling": "vLLM has no token recycling drafter",
