@@ -150,6 +150,29 @@ def test_learned_state_is_never_shared_between_methods_or_settings():
     assert dict(a.members)["suffix"].estimator is not suffix_alone.estimator
 
 
+def test_learned_state_made_in_a_benchmark_still_learns_in_later_page_runs():
+    """The benchmark runs under ``torch.inference_mode``; state it makes and the engine keeps (the
+    recycling table, the suffix cache) must keep working in the page's and API's runs outside it:
+    a recycling table made as an inference tensor failed every later run with "Inplace update to
+    inference tensor outside InferenceMode" (found by a user running the Benchmark tab, then the
+    Playground), for every visitor of the server."""
+    import torch
+
+    from helpers import FakeLoaded, tiny_llama
+    from playground.engine import Engine, GenerationSettings, MethodSpec
+
+    engine = Engine(FakeLoaded(tiny_llama(0)))
+    specs = [MethodSpec("autoregressive"), MethodSpec("recycling"), MethodSpec("mixture")]
+    settings = GenerationSettings(max_new_tokens=12)
+    with torch.inference_mode():  # as playground.bench.runner runs
+        bench = [e for e in engine.run([1, 2, 3, 4], specs, settings)]
+    later = [e for e in engine.run([5, 6, 7, 8], specs, settings)]  # the page: no inference mode
+    for events in (bench, later):
+        assert {e.method for e in events if e.finished} == {"autoregressive", "recycling", "mixture"}
+    table = engine.make_drafter(MethodSpec("recycling")).table.table
+    assert not table.is_inference()
+
+
 def test_eagle_member_needs_a_head_and_keeps_one_colour():
     """Naming eagle as a member without a head loaded is a clear error; with a head its nodes carry
     the one mixture source ``eagle`` (not EAGLE's per-depth tags) and calibrated estimates."""

@@ -241,6 +241,8 @@ class Engine:
         once, under the engine's step lock (so no method steps while a calibration times the
         device), even when several threads ask at once: the check for an existing object is
         repeated under the lock. The lock is re-entrant, so a factory may ask for another key.
+        ``factory`` runs outside ``torch.inference_mode`` (its model calls enter it themselves), so
+        the tensors it makes may be updated in place by runs in or out of inference mode.
         """
         try:
             return self._persistent[key]  # made already: no lock needed to read it
@@ -251,7 +253,12 @@ class Engine:
                 self.calibrations[key] = self.calibrations.get(key, 0) + 1
                 outer, self.making = self.making, key
                 try:
-                    self._persistent[key] = factory()
+                    # Made outside inference mode even when asked inside it (the benchmark runs
+                    # under torch.inference_mode): a tensor kept across runs and updated in place
+                    # (the recycling table) must not be an inference tensor, or every later run
+                    # outside inference mode (the page, the API) fails on its first update.
+                    with torch.inference_mode(False):
+                        self._persistent[key] = factory()
                 finally:
                     self.making = outer
             return self._persistent[key]
