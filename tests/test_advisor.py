@@ -396,6 +396,29 @@ def test_rule_guidance_reads_in_page_words():
     assert "eagle3" in advisor.RULES["eagle_head"].guidance and "Li et al. 2025" in advisor.RULES["eagle_head"].source
 
 
+def test_the_target_as_its_own_draft_is_no_draft_to_advise_on():
+    """The Models tab's "the target itself" draft (a check of the machinery) left the Advisor tab
+    in an error ("the draft must be smaller than the target"): it counts as no draft there; a
+    smaller draft still counts, with its size and K."""
+    from types import SimpleNamespace
+
+    from playground.ui import advisor_tab
+
+    sizes = {"target": 135_000_000, "draft": 135_000_000}
+    engine = SimpleNamespace(draft=SimpleNamespace(knob_defaults={"k": 4}), medusa=None, eagle=None,
+                             unavailable_reason=lambda m: None, target=SimpleNamespace(device="cpu"),
+                             parameter_count=lambda part="target": sizes[part])
+    assert advisor_tab.loaded_draft_b(engine) == advisor_tab.NO_DRAFT
+    assert advisor_tab.loaded_models(engine) == (False, False, None, False)
+    values = advisor_tab.situation_values(engine)
+    assert values[:3] == (0.135, advisor_tab.NO_DRAFT, False)
+    md, adv = advisor_tab.advise(engine, *values[:2], False, "chat", "default", "cpu", *values[2:4])
+    assert "Cannot advise" not in md and adv["primary"]
+    sizes["draft"] = 7_470_000
+    assert advisor_tab.loaded_draft_b(engine) == 0.00747
+    assert advisor_tab.loaded_models(engine) == (True, False, 4, False)
+
+
 def test_advisor_tab_has_the_eagle_box_and_shows_the_deploy_line():
     """The tab reads a loaded EAGLE-3 head from the engine, passes the box last (a caller without it still
     works: not loaded), and shows the deployment line in page words (no snake_case, no backticks)."""

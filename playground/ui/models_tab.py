@@ -453,11 +453,11 @@ class ModelsPanel:
                 *method_updates(engine, before, self.knob_keys))
 
     def reset(self, key):
-        """Back to the server's models."""
+        """Back to the server's models (the form too, so the next Load does not bring the last choice back)."""
         engine = self.cache.default
         return (self.cache.default_key, render.status_html("done", "Back to the server's models."),
                 models_markdown(engine), self.header_fn(engine),
-                *method_updates(engine, self.cache.get(key), self.knob_keys))
+                *method_updates(engine, self.cache.get(key), self.knob_keys), "default", AUTO, AUTO, AUTO, None)
 
     def build(self, header, use: dict, reasons: dict, knobs: list, knob_keys: list[tuple[str, str]]) -> None:
         """Lay the tab out (inside a ``gr.Tab``) and wire it to the page header and the Playground
@@ -490,7 +490,10 @@ class ModelsPanel:
         status = gr.HTML("", elem_id="models-status")
         outputs = [self.key, status, current, header, *use.values(), *reasons.values(), *knobs]
         preset.change(lambda name: preset_values(name) if name else (gr.skip(),) * 4, preset,
-                      [target, draft, medusa, eagle], api_visibility="private", queue=False)
+                      [target, draft, medusa, eagle], api_visibility="private")
         load_btn.click(self.load, [target, draft, medusa, eagle, self.key], outputs, api_visibility="private",
                        concurrency_id="model-load", concurrency_limit=1)
-        reset_btn.click(self.reset, self.key, outputs, api_visibility="private", queue=False)
+        # Queued like Load: the session key's change (which every tab built from the models
+        # follows: the legend, the Advisor, the Theory tab) did not reach the page without the queue.
+        reset_btn.click(self.reset, self.key, [*outputs, target, draft, medusa, eagle, preset],
+                        api_visibility="private")

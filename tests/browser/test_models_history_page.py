@@ -186,6 +186,17 @@ def test_choose_models_then_history_and_downloads(browser, engine, gated_load, t
             base, draft = records
             assert draft["output_ids"] == base["output_ids"]  # greedy and lossless: same tokens
             assert draft["mean_accepted_tokens"] > 1.0  # the target drafting for itself: every token accepted
+
+            # Back to the server's models: every part built from the models follows again (the legend
+            # kept the loaded draft's colour when the reset was not queued), and so does the form.
+            page.get_by_role("tab", name="Models").click()
+            page.locator("#models-reset").click()
+            expect(page.locator("#models-status")).to_contain_text("Back to the server's models", timeout=30_000)
+            expect(page.locator("#header")).to_contain_text("Draft: none")
+            expect(page.locator("#models-draft input")).not_to_have_value(re.compile("target itself"))
+            page.get_by_role("tab", name="Playground").click()
+            expect(draft_legend).to_have_count(0, timeout=30_000)
+            expect(page.locator("#use-draft_model input[type=checkbox]")).to_be_disabled()
         finally:
             other.context.close()
             page.close()
