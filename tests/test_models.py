@@ -115,6 +115,16 @@ def test_bad_specs_fail_clearly(spec, message):
         load_model(spec, "cpu", "float32")
 
 
+def test_a_reduced_vocabulary_draft_is_refused_as_the_target():
+    """The shipped draft (7168 of the tokenizer's 49152 tokens) loaded as the target: it used to load
+    ("Loaded"), then every prompt failed with a token id outside its vocabulary; now the load says why."""
+    from playground.engine import DEFAULT_DRAFT_DIR, Engine
+
+    with pytest.raises(ModelLoadError, match=r"cannot be the target: its vocabulary has 7168 tokens and its "
+                                             r"tokenizer 49152; a reduced-vocabulary draft"):
+        Engine.load(str(DEFAULT_DRAFT_DIR), "none", "none", eagle="none")
+
+
 def test_folder_without_config_fails(tmp_path):
     with pytest.raises(ModelLoadError, match="no config.json"):
         load_model(str(tmp_path), "cpu", "float32")

@@ -112,6 +112,7 @@ class Engine:
                 progress(0.0, message)
 
         loaded = models.load_model(target, device, dtype, progress)
+        models.check_target_vocabulary(loaded, target)
         draft_spec = models.default_draft_spec(target, draft)
         loaded_draft = (models.load_draft(draft_spec, loaded, progress=progress)
                         if draft_spec and wanted("draft") else None)

@@ -266,6 +266,26 @@ def _locate(spec: str, progress: Progress | None) -> tuple[str, str, bool]:
     return spec, spec, False
 
 
+def check_target_vocabulary(loaded: LoadedModel, spec: str) -> None:
+    """Refuse a model whose embedding has fewer rows than its tokenizer's base vocabulary as the
+    target: it would load, then fail every prompt with a token id outside it (a reduced-vocabulary
+    draft, such as the shipped one, keeps the full tokenizer but only its most frequent tokens).
+
+    Raises:
+        ModelLoadError: the vocabularies disagree so.
+    """
+    rows = loaded.model.get_input_embeddings().num_embeddings
+    tokens = int(getattr(loaded.tokenizer, "vocab_size", 0) or 0)
+    if rows >= tokens:
+        return
+    from .draft_model import TOKEN_MAP_FILE
+
+    what = (f"a reduced-vocabulary draft (it has {TOKEN_MAP_FILE}): load it as the draft, not the target"
+            if (Path(spec) / TOKEN_MAP_FILE).is_file() else "it cannot read its own tokenizer's tokens")
+    raise ModelLoadError(f"{spec!r} cannot be the target: its vocabulary has {rows} tokens and its tokenizer "
+                         f"{tokens}; {what}")
+
+
 def load_model(spec: str, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto",
                progress: Progress | None = None, attn_implementation: str = "sdpa") -> LoadedModel:
     """Load a causal LM and its tokenizer from a spec (see the module docstring).
