@@ -88,6 +88,10 @@ def test_why_line_arithmetic():
     slow = si.speed_figures({**stats, "new_tokens": 11, "alpha": 0.0}, Counter({5: 10}), [10, 0],
                             lambda q, chain: 1.5, None)
     assert slow["expected"] < 1 and "slower than plain decoding, because" in si.why_line("X", slow)
+    # Measured faster than the baseline while the curve says slower (a browser on the same cores):
+    # the line says the two disagree instead of calling a 1.20x method slower.
+    both = si.why_line("X", {**slow, "measured": 1.2})
+    assert "slower than plain decoding by the cost curve" in both and "faster as measured" in both
     assert "baseline" in si.why_line("Autoregressive", f, is_baseline=True)
     assert "too few steps" in si.why_line("X", si.speed_figures({"steps": 1}, Counter(), [0, 0], None, None))
 

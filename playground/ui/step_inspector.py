@@ -326,7 +326,12 @@ def why_line(label: str, f: dict | None, is_baseline: bool = False) -> str:
             why = "too few candidates are accepted to pay for the larger pass"
         else:
             why = "verifying the larger pass costs more than the accepted tokens save"
-        line += f": slower than plain decoding, because {why}"
+        if f["measured"] is not None and f["measured"] >= 1:
+            line += (f": slower than plain decoding by the cost curve ({why}), faster as measured: the curve timed at "
+                     "load does not fit this run's clocks (other work on the same cores, such as a browser on this "
+                     "machine, slows the baseline's many steps most)")
+        else:
+            line += f": slower than plain decoding, because {why}"
     return line + "."
 
 
