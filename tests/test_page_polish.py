@@ -41,6 +41,8 @@ def test_colours_that_share_a_panel_stand_apart():
                 assert delta_e(c[a], c[b]) >= 14, (m, a, b, delta_e(c[a], c[b]))
     assert delta_e(c["suffix"], c["recycling"]) >= 18
     assert min(delta_e(c["draft"], c[f"eagle_d{d}"]) for d in range(1, 11)) >= 20
+    # and those a later user mixed up: REST against Medusa's first head, the draft against EAGLE in a mixture
+    assert delta_e(c["rest"], c["medusa_head_1"]) >= 24 and delta_e(c["draft"], c["eagle"]) >= 24
 
 
 def test_legend_lists_only_what_the_loaded_models_produce():

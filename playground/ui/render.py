@@ -22,8 +22,9 @@ SOURCE_COLORS: dict[str, str] = {
     "medusa_head_4": "#fca5a5", "medusa_head_5": "#d6d3d1",
     "suffix": "#f3cfa4",         # tan: from a suffix tree (this request's or the global cache)
     "recycling": "#c9d6a3",      # sage: from the token-recycling adjacency table
-    "rest": "#ccc8f2",           # periwinkle: retrieved from the REST datastore
-    "eagle": "#6ee7c5",          # teal: EAGLE's head as a mixture member (alone, its depths have a ramp)
+    "rest": "#818cf8",           # periwinkle, deeper than Medusa's first head: from the REST datastore
+    "eagle": "#2dd4bf",          # teal, deeper than the draft's green: EAGLE's head as a mixture member
+                                 # (alone, its depths have a ramp)
     # EAGLE: by draft depth, a ramp from pale lime (depth 1) through teal and blue to rose (depth 10)
     "eagle_d1": "#e9f5a0", "eagle_d2": "#bdf0dc", "eagle_d3": "#7ee0d0", "eagle_d4": "#a5f3fc",
     "eagle_d5": "#93c5fd", "eagle_d6": "#c7d2fe", "eagle_d7": "#e4c1f9", "eagle_d8": "#f9a8d4",
