@@ -109,6 +109,7 @@ def test_offline_mode_fails_with_clear_message(monkeypatch):
     ("/no/such/model.gguf", "no such GGUF file"),
     ("bad id!", "not a local path nor a valid"),
     ("a/b/c", "not a local path nor a valid"),
+    ("README.md", "a file, not a model"),
 ])
 def test_bad_specs_fail_clearly(spec, message):
     with pytest.raises(ModelLoadError, match=message):

@@ -255,7 +255,10 @@ def _locate(spec: str, progress: Progress | None) -> tuple[str, str, bool]:
             raise ModelLoadError(f"could not load model {spec!r}: the folder has no config.json "
                                  "(expected a save_pretrained checkpoint)")
         return str(path), path.resolve().name, True
-    if spec.startswith(("/", ".", "~")) or "\\" in spec or path.is_file():
+    if path.is_file():
+        raise ModelLoadError(f"could not load model {spec!r}: a file, not a model (a model folder with "
+                             "config.json, a .gguf file, or a hub id like 'org/name' was expected)")
+    if spec.startswith(("/", ".", "~")) or "\\" in spec:
         raise ModelLoadError(f"could not load model {spec!r}: no such folder (a model folder with "
                              "config.json, a .gguf file, or a hub id like 'org/name' was expected)")
     try:
