@@ -314,7 +314,7 @@ def shipped_engine(real_target):
     draft = load_draft(default_draft_spec("default"), real_target)
     assert draft.token_map is not None
     # Named as the shipped draft, not by its folder ("default", like the default target).
-    assert draft.name.startswith("SmolLM2 distilled draft (shipped) (vocabulary of ")
+    assert draft.name.startswith("SmolLM2 distilled draft (shipped, vocabulary of ")
     # On a CPU in float32 its layers read int8 weight copies (the tests below run them).
     assert isinstance(draft.model.lm_head, cpu_linear.Int8WeightLinear) or not cpu_linear.int8_weights_available()
     return Engine(real_target, draft)

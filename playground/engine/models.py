@@ -473,7 +473,8 @@ def load_draft(spec: str, target: LoadedModel, device: str | torch.device | None
         except (ValueError, KeyError, OSError) as e:
             raise ModelLoadError(f"draft {spec!r} has a bad token map: {e}") from e
         if draft.token_map is not None:
-            draft.name += f" (vocabulary of {len(draft.token_map.to_target)} tokens)"
+            size = f"vocabulary of {len(draft.token_map.to_target)} tokens"
+            draft.name = draft.name[:-1] + f", {size})" if draft.name.endswith(")") else f"{draft.name} ({size})"
         try:
             draft.knob_defaults = load_knob_defaults(spec)
         except ValueError as e:
