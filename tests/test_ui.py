@@ -205,6 +205,7 @@ def test_stats_line_and_badges():
     line = _line({**stats, "drafter": {"pool_ngrams": 42, "pool_hits": 7}}, baseline_tokens_per_s=10.0,
                              is_baseline=False)
     assert "42 n-grams in the pool" in line and "7 steps with a pool hit" in line
+    assert render.drafter_figure("datastore_tokens", 3253579) == "3,253,579 tokens in the datastore"
     line = _line({**stats, "new_tokens": 1, "steps": 1}, baseline_tokens_per_s=None, is_baseline=True)
     assert "**1** new token ·" in line and "1 step ·" in line
     assert render.plural(85, "token") == "85 tokens" and render.plural(1, "category", "categories") == "1 category"

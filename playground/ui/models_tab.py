@@ -276,7 +276,7 @@ def choice_lists(folder: Path | None = None, hub: bool | None = None) -> dict[st
     for p in usable:
         targets += [(p.target, p.target)] if p.target != "default" else []
         drafts += [(d, d) for d in p.drafts]
-    heads = [("The heads trained for this target, if there are some", AUTO), ("None", NONE)]
+    heads = [("The heads trained for this target, if any", AUTO), ("None", NONE)]
     medusa = heads + [(p.medusa, p.medusa) for p in usable if p.medusa]
     return {"target": list(dict.fromkeys(targets)), "draft": list(dict.fromkeys(drafts)),
             "medusa": list(dict.fromkeys(medusa)), "eagle": list(heads),

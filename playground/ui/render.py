@@ -171,7 +171,8 @@ def drafter_figure(key: str, value, labels: Mapping[str, str] | None = None) -> 
     an unknown key is made readable (underscores become spaces)."""
     if key in DRAFTER_INFO_LABELS:
         one, many = DRAFTER_INFO_LABELS[key]
-        return f"{value} {one if value == 1 else many}"
+        shown = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else value
+        return f"{shown} {one if value == 1 else many}"
     if key.startswith("accepted_"):
         source = source_label(key.removeprefix("accepted_"), labels or {})
         return f"{plural(value, 'token')} accepted from {source}"
