@@ -101,7 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    default=int(env_port) if env_port.isdigit() and int(env_port) <= MAX_PORT else 7860,
                    help=f"port to listen on, 0 to {MAX_PORT}")
     p.add_argument("--threads", type=int, default=argparse.SUPPRESS,
-                   help="CPU threads for torch (default: torch's own choice)")
+                   help="CPU threads for torch (default: torch's own choice, one fewer when the app serves this "
+                        "machine only, so that a browser on it has a core of its own)")
     p.add_argument("--lock-models", action=argparse.BooleanOptionalAction, default=on_spaces,
                    help="fix the models for every visitor (the page's Models tab then only says which); "
                         "--no-lock-models lets each browser session load its own; locked by default on "
@@ -154,6 +155,29 @@ def _progress(role: str):
     return show
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+"""Addresses that only this machine can reach: a page served there is read in a browser on this machine."""
+
+
+def default_threads(host: str, available: int) -> int | None:
+    """Torch threads when ``--threads`` is not given: ``available - 1`` (``available``: torch's own
+    choice) when the app listens on a loopback address (the default outside Spaces), else None
+    (torch's choice).
+
+    A page served on loopback is read in a browser on the same machine, and that browser redraws the
+    page while methods step. With every core in torch's team a step waits for whichever core the
+    browser holds, the one-token steps of the baseline most, so the page's speedups came out inflated
+    (measured on a 2-vCPU Zen 5 EPYC, ten methods, 128 tokens, Chromium on the same machine: with 2
+    threads the baseline ran at 13-17 tokens/s and prompt lookup showed 1.70x at tau 1.49; with 1
+    thread the baseline ran at 27 tokens/s and prompt lookup 1.38x, where the same app's API, no
+    browser, gave 1.37x). One core left to the browser costs the API about 15 % there (2 threads:
+    37-40 tokens/s, 1: 33-35) and less with more cores.
+    """
+    if host in LOOPBACK_HOSTS and available > 1:
+        return available - 1
+    return None
+
+
 def _can_time_here(engine) -> bool:
     """Whether this process may time the target's steps now: not on a ZeroGPU Space, where the model
     runs on the GPU only inside a ``@spaces.GPU`` call (the first run times it there)."""
@@ -175,8 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     from playground.engine import ModelLoadError
     from playground.ui.run_control import in_joined_thread
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    threads = args.threads if args.threads is not None else default_threads(args.host, torch.get_num_threads())
+    if threads is not None:
+        if args.threads is None:
+            print(f"torch threads: {threads} of {torch.get_num_threads()}, one core left to the browser on this "
+                  f"machine (--threads to choose)", flush=True)
+        torch.set_num_threads(threads)
     t0 = time.perf_counter()
     try:
         # Loaded and the page built in threads that end: the main thread lives on, and must not

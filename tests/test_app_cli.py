@@ -109,3 +109,13 @@ def test_the_models_load_and_the_page_is_built_outside_the_main_thread(monkeypat
     with pytest.raises(RuntimeError, match="page building failed"):
         app.main(["--port", "0"])
     assert seen["build"] is not threading.main_thread() and not seen["build"].is_alive()
+
+
+def test_a_page_served_to_this_machine_only_leaves_a_core_to_its_browser():
+    """On a loopback address (the default outside Spaces) the page is read in a browser on this
+    machine: torch gets one thread fewer than its own choice, so that browser does not slow the
+    steps (the baseline's most); on every interface, or with one core, torch's own choice stays."""
+    assert app.default_threads("127.0.0.1", 2) == 1 and app.default_threads("localhost", 8) == 7
+    assert app.default_threads("::1", 4) == 3
+    assert app.default_threads("0.0.0.0", 8) is None and app.default_threads("127.0.0.1", 1) is None
+    assert app.parse_args([]).threads is None and app.parse_args(["--threads", "2"]).threads == 2
