@@ -335,3 +335,27 @@ def test_a_long_run_asks_the_browser_for_a_bounded_amount_of_redrawing_per_secon
     spaced = sizes[3:-3]  # the page's first update and each method's first; both methods' last and the run's
     assert sum(spaced) <= app.UI_HTML_CHARS_PER_S * elapsed, (len(updates), elapsed, spaced)
     assert len(spaced) >= 2  # it still streams
+
+
+def test_a_run_refused_before_its_first_step_clears_the_last_runs_panels(real_target):
+    """The engine refuses the run before any step (a prompt longer than the context): the panels of
+    the chosen methods say they did not run, instead of keeping the last run's answers under the new
+    prompt (found by a user); the charts are emptied and the last-run state is left alone."""
+    import gradio as gr
+
+    from playground.engine import Engine
+    from playground.engine.methods import METHODS
+    from playground.ui.app import run_arguments, run_comparison
+
+    engine = Engine(real_target)
+
+    def stream(engine_key, prompt, specs, settings):
+        yield {"type": "warning", "message": "the prompt is 9000 tokens; it exceeds the model's context"}
+
+    args = run_arguments("Hello", ["autoregressive", "prompt_lookup"], max_new_tokens=8)
+    values = list(run_comparison(engine, *args, stream=stream))[-1]
+    assert "exceeds the model's context" in html.unescape(str(values[0]))
+    names = list(METHODS)
+    panels = {m: values[1 + 3 * names.index(m)] for m in names}
+    assert all("not run: see the status line above" in panels[m] for m in ("autoregressive", "prompt_lookup"))
+    assert panels["eagle"] == "" and values[-1] == gr.skip()  # the last-run state (History, insight) kept

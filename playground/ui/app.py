@@ -111,9 +111,12 @@ def _message_only(text: str) -> tuple:
 
 
 def _ended(view: RunView | None, status: str) -> tuple:
-    """Output values of a run that ended on a warning or an error: the status line, and when the
-    panels were already shown (``view.shown``), no panel left saying it waits for its first token."""
-    if view is None or not view.shown:
+    """Output values of a run that ended on a warning or an error: the status line, and every chosen
+    method's panel saying it did not run (or keeping the text it had): a run the engine refused
+    before its first step (a prompt longer than the context) clears the last run's panels, which
+    would otherwise sit under the new prompt as if they answered it. Without a view (input the page
+    refused before a run was set up), the status line only."""
+    if view is None:
         return _message_only(status)
     view.status = status
     view.abandon()
