@@ -39,26 +39,28 @@ def target_size_b(engine) -> float:
         return 0.135
 
 
-def _smaller_draft(engine) -> bool:
-    """Whether the engine holds a draft smaller than its target (the Models tab's "the target
-    itself", a check of the machinery, is no draft to advise on: the advisor refuses a draft as
-    large as the target)."""
+def _target_sized_draft(engine) -> bool:
+    """Whether the engine's draft is as large as its target (the Models tab's "the target itself", a
+    check of the machinery): no draft to advise on, as the advisor refuses such a draft."""
     try:
-        return engine.draft is not None and _size_b(engine, "draft") < _size_b(engine, "target")
-    except AttributeError:
+        return engine.draft is not None and _size_b(engine, "draft") >= _size_b(engine, "target")
+    except AttributeError:  # sizes unknown: a draft is smaller than its target
         return False
 
 
 def loaded_draft_b(engine) -> float:
     """The loaded draft's size in billions, or :data:`NO_DRAFT` when none smaller than the target is loaded."""
-    return _size_b(engine, "draft") if _smaller_draft(engine) else NO_DRAFT
+    try:
+        return NO_DRAFT if engine.draft is None or _target_sized_draft(engine) else _size_b(engine, "draft")
+    except AttributeError:
+        return NO_DRAFT
 
 
 def loaded_models(engine) -> tuple[bool, bool, int | None, bool]:
     """``(draft loaded, Medusa heads loaded, the draft's own K or None, EAGLE-3 head loaded)`` for the advisor
     (a part counts as loaded when the engine holds it and can run its method; a draft only when it is
     smaller than the target)."""
-    draft = getattr(engine, "draft", None) if _smaller_draft(engine) else None
+    draft = None if _target_sized_draft(engine) else getattr(engine, "draft", None)
     k = ((getattr(draft, "knob_defaults", None) or {}).get("k")) if draft is not None else None
     return (draft is not None and engine.unavailable_reason("draft_model") is None,
             getattr(engine, "medusa", None) is not None and engine.unavailable_reason("medusa") is None,
