@@ -113,8 +113,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vllm", action="store_true",
                    help="add a vLLM tab: one vLLM server per method from .venv-vllm, started on demand (docs/vllm.md)")
     p.add_argument("--vllm-url", action="append", metavar="NAME=URL",
-                   help="a running vLLM server for method NAME, e.g. prompt_lookup=http://gpu-host:8001 (implies "
-                        "--vllm; repeat per method)")
+                   help="a running vLLM server for method NAME, e.g. prompt_lookup=http://gpu-host:8001 (repeat "
+                        "per method; attach autoregressive too, the baseline): adds the vLLM tab for the attached "
+                        "methods; with --vllm as well, servers for the others start here")
     args = p.parse_args(argv)
     if args.preset is not None:
         _apply_preset(p, args, argv)
@@ -159,20 +160,24 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 """Addresses that only this machine can reach: a page served there is read in a browser on this machine."""
 
 
-def default_threads(host: str, available: int) -> int | None:
+def default_threads(host: str, available: int, env=None) -> int | None:
     """Torch threads when ``--threads`` is not given: ``available - 1`` (``available``: torch's own
     choice) when the app listens on a loopback address (the default outside Spaces), else None
-    (torch's choice).
+    (torch's choice); None too when ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` is set in ``env``
+    (default ``os.environ``): a count the user chose is kept.
 
     A page served on loopback is read in a browser on the same machine, and that browser redraws the
     page while methods step. With every core in torch's team a step waits for whichever core the
     browser holds, the one-token steps of the baseline most, so the page's speedups came out inflated
     (measured on a 2-vCPU Zen 5 EPYC, ten methods, 128 tokens, Chromium on the same machine: with 2
-    threads the baseline ran at 13-17 tokens/s and prompt lookup showed 1.70x at tau 1.49; with 1
-    thread the baseline ran at 27 tokens/s and prompt lookup 1.38x, where the same app's API, no
-    browser, gave 1.37x). One core left to the browser costs the API about 15 % there (2 threads:
-    37-40 tokens/s, 1: 33-35) and less with more cores.
+    threads the baseline ran at 12-17 tokens/s and prompt lookup showed 1.6-1.7x at tau 1.47-1.49;
+    with 1 thread the baseline ran at 27 tokens/s and prompt lookup 1.38x, where the same app's API,
+    no browser, gave 1.37x). One core left to the browser costs the API 5-10 % there (through
+    ``/run``, no browser: 34.7-38.3 tokens/s with 2 threads, 32.9-34.5 with 1), less with more cores.
     """
+    env = os.environ if env is None else env
+    if env.get("OMP_NUM_THREADS") or env.get("MKL_NUM_THREADS"):
+        return None
     if host in LOOPBACK_HOSTS and available > 1:
         return available - 1
     return None

@@ -10,6 +10,16 @@ import pytest
 import app
 
 
+@pytest.fixture(autouse=True)
+def torch_threads_kept():
+    """app.main sets torch's thread count (one fewer on loopback): restore it for the tests after."""
+    import torch
+
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def no_model_loading(monkeypatch):
     """Fail the test if app.main gets as far as loading the models."""
@@ -118,4 +128,7 @@ def test_a_page_served_to_this_machine_only_leaves_a_core_to_its_browser():
     assert app.default_threads("127.0.0.1", 2) == 1 and app.default_threads("localhost", 8) == 7
     assert app.default_threads("::1", 4) == 3
     assert app.default_threads("0.0.0.0", 8) is None and app.default_threads("127.0.0.1", 1) is None
+    # a thread count the user set for OpenMP or MKL is kept
+    assert app.default_threads("127.0.0.1", 2, {"OMP_NUM_THREADS": "2"}) is None
+    assert app.default_threads("127.0.0.1", 2, {"MKL_NUM_THREADS": "2"}) is None
     assert app.parse_args([]).threads is None and app.parse_args(["--threads", "2"]).threads == 2

@@ -45,6 +45,18 @@ def test_colours_that_share_a_panel_stand_apart():
     assert delta_e(c["rest"], c["medusa_head_1"]) >= 24 and delta_e(c["draft"], c["eagle"]) >= 24
 
 
+def test_token_text_keeps_a_contrast_above_7_on_every_source_colour():
+    """render.SOURCE_COLORS promises dark token text a WCAG contrast above 7:1 on every background."""
+    def luminance(h: str) -> float:
+        def lin(x: float) -> float:
+            return x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4
+        r, g, b = (int(h[i:i + 2], 16) / 255 for i in (1, 3, 5))
+        return 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b)
+    text = luminance(render.TOKEN_TEXT_COLOR)
+    for source, colour in render.SOURCE_COLORS.items():
+        assert (luminance(colour) + 0.05) / (text + 0.05) > 7, (source, colour)
+
+
 def test_legend_lists_only_what_the_loaded_models_produce():
     """No EAGLE colours without an EAGLE head, no Medusa heads beyond those loaded; EAGLE's depths as one ramp."""
     def engine(missing: set, heads: int):

@@ -145,7 +145,10 @@ def test_records_without_per_step_metrics_say_so():
     bare = R.record_fields(dataclasses.replace(done, spec=None), "prompt_lookup", [2])
     assert bare["alignment"] == "per_event"
     assert bare["proposed"] is None and bare["accepted"] is None and bare["acceptance_rate"] is None
-    assert "steps estimated from the stream" in stats_markdown(bare, 10.0, False)
+    assert "steps estimated from the stream (the server sent no speculative-decoding metrics" in \
+        stats_markdown(bare, 10.0, False)
+    assert (r["alignment_reason"], bare["alignment_reason"], exact["alignment_reason"]) == ("summary", "no_metrics", None)
+    assert "did not line up" in stats_markdown({**r, "alignment_reason": "no_fit"}, 10.0, False)
     _, base = read("base_list.sse")
     plain = R.record_fields(base, "autoregressive", [2])
     assert plain["alignment"] == "exact" and plain["steps"] == plain["new_tokens"]

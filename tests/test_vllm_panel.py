@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from playground.backends.vllm.server import Endpoint
+from playground.backends.vllm.server import Endpoint, ServerConfig
 from playground.backends.vllm.client import VLLMError
 from playground.ui.vllm_panel import VLLMSession, deploy_markdown
 
@@ -45,14 +45,17 @@ class FakePool:
     made: list = []
 
     def __init__(self, configs, attached=None, progress=None):
-        self.configs, self.attached, self.stopped = list(configs), dict(attached or {}), False
-        self.endpoints = {}
+        self.server_configs, self.attached, self.stopped = list(configs), dict(attached or {}), False
+        self.configs = [c.name for c in self.server_configs]
+        self.endpoints, self.servers = {}, []
         FakePool.made.append(self)
 
     def start(self):
         if "broken" in self.configs:
             raise RuntimeError("could not export the draft")
         self.endpoints = {**{c: f"local-{c}" for c in self.configs}, **{m: f"at-{u}" for m, u in self.attached.items()}}
+        self.servers = [SimpleNamespace(config=c, process=SimpleNamespace(poll=lambda: None))
+                        for c in self.server_configs]
         return self.endpoints
 
     def stop(self):
@@ -65,8 +68,28 @@ def fake_servers(monkeypatch):
 
     FakePool.made = []
     monkeypatch.setattr(vllm_panel, "ServerPool", FakePool)
-    monkeypatch.setattr(vllm_panel.vm, "server_configs", lambda names, **kw: list(names))
+    monkeypatch.setattr(vllm_panel.vm, "server_configs", lambda names, **kw: [ServerConfig(m, "/model") for m in names])
+    monkeypatch.setattr(vllm_panel, "detect_device", lambda: "cpu")
     return FakePool.made
+
+
+def test_on_a_gpu_every_server_gets_a_share_for_all_the_tab_may_start(fake_servers, monkeypatch):
+    """On one GPU a server started after the first Start runs beside servers holding their memory, so
+    each server's share counts every method the tab offers (0.9 split among the servers of one start
+    left nothing for a later one); a server that has exited since is started again at the next call."""
+    from playground.ui import vllm_panel
+
+    monkeypatch.setattr(vllm_panel, "detect_device", lambda: "cuda")
+    monkeypatch.setattr(VLLMSession, "methods", lambda self: ["autoregressive", "prompt_lookup", "eagle", "draft_model"])
+    session = VLLMSession()
+    session.ready(["autoregressive", "prompt_lookup"], [1], run=lambda *a: None)
+    session.ready(["autoregressive", "eagle"], [1], run=lambda *a: None)
+    shares = [c.extra_args for p in fake_servers for c in p.server_configs]
+    assert shares == [("--gpu-memory-utilization", "0.23")] * 3
+    fake_servers[0].servers[1].process = SimpleNamespace(poll=lambda: 1)  # prompt lookup's server died
+    assert session.missing(["prompt_lookup"]) == []
+    session.ready(["autoregressive", "prompt_lookup"], [1], run=lambda *a: None)
+    assert fake_servers[-1].configs == ["prompt_lookup"]
 
 
 def test_servers_for_methods_ticked_later_are_started_and_warmed_once(fake_servers):
@@ -132,6 +155,12 @@ def test_start_failures_of_any_kind_end_in_a_readable_status(fake_servers):
     assert "pill-error" in updates[-1] and "could not export the draft" in updates[-1]
     updates = list(fns["on_run"].fn(SimpleNamespace(session_hash="s"), ["broken"], "Hi", 8))
     assert "could not export the draft" in str(list(updates[-1].values())[-1])
+    # A run stopped while it waited in the queue starts no server.
+    made = len(fake_servers)
+    vllm_panel.STOPS.arm("t")
+    vllm_panel.STOPS.stop("t")
+    updates = list(fns["on_run"].fn(SimpleNamespace(session_hash="t"), ["prompt_lookup"], "Hi", 8))
+    assert "stopped" in str(list(updates[-1].values())[-1]) and len(fake_servers) == made
     text = vllm_panel.error_text(RuntimeError("server eagle at http://x exited with code 1, log /tmp/l"
                                               + "x" * 5000 + "the last log line"))
     assert len(text) <= 1503 and text.startswith("server eagle at http://x") and text.endswith("the last log line")
@@ -165,6 +194,8 @@ def test_serve_reports_a_server_that_dies_or_cannot_start(monkeypatch, capsys):
     assert serve.main(["prompt_lookup"]) == 1
     err = capsys.readouterr().err
     assert "prompt_lookup (http://127.0.0.1:9) exited with code 3" in err and "/tmp/prompt_lookup.log" in err
+    Pool.fail = KeyboardInterrupt()  # Ctrl-C while the servers start: no traceback
+    assert serve.main(["prompt_lookup"]) == 0
     Pool.fail = VLLMServerError("vLLM server for prompt_lookup exited with code 1 before it was ready")
     assert serve.main(["prompt_lookup"]) == 1
     assert "error: vLLM server for prompt_lookup exited" in capsys.readouterr().err

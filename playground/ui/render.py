@@ -22,7 +22,7 @@ SOURCE_COLORS: dict[str, str] = {
     "medusa_head_4": "#fca5a5", "medusa_head_5": "#d6d3d1",
     "suffix": "#f3cfa4",         # tan: from a suffix tree (this request's or the global cache)
     "recycling": "#c9d6a3",      # sage: from the token-recycling adjacency table
-    "rest": "#818cf8",           # periwinkle, deeper than Medusa's first head: from the REST datastore
+    "rest": "#64b8f0",           # sky blue (apart from Medusa's violet first head): from the REST datastore
     "eagle": "#2dd4bf",          # teal, deeper than the draft's green: EAGLE's head as a mixture member
                                  # (alone, its depths have a ramp)
     # EAGLE: by draft depth, a ramp from pale lime (depth 1) through teal and blue to rose (depth 10)

@@ -13,6 +13,7 @@ servers share this machine's cores). Times are client times of HTTP requests (se
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import html
 import logging
 import threading
@@ -25,7 +26,8 @@ from playground.backends.vllm import methods as vm
 from playground.backends.vllm.bench import TIMING
 from playground.backends.vllm.client import StreamCutter, VLLMError
 from playground.backends.vllm.runner import Sampling, run_completion, run_to_end
-from playground.backends.vllm.server import ServerPool, VLLMServerError, parse_vllm_urls
+from playground.backends.vllm.server import (ServerPool, VLLMServerError, detect_device, gpu_share_args,
+                                             parse_vllm_urls)
 
 from . import render
 from .run_control import EventPump, StopSignals
@@ -104,14 +106,25 @@ class VLLMSession:
                 (servers started by this call are stopped again on a start failure).
         """
         with self.lock:
+            for pool in self.pools:  # a server started here that has exited since: start it again
+                for s in pool.servers:
+                    if s.process is not None and s.process.poll() is not None:
+                        self.endpoints.pop(s.config.name, None)
+                        self.warmed.discard(s.config.name)
             todo = [m for m in dict.fromkeys(methods) if m not in self.endpoints]
             local = [m for m in todo if m not in self.attached]
             if local and not self.local:
                 raise ValueError(f"no server attached for {', '.join(local)}: attach it with --vllm-url "
                                  f"{local[0]}=URL, or start the app with --vllm to start servers here")
             if todo:
-                pool = ServerPool(vm.server_configs(local, target=self.target, draft=self.draft, eagle=self.eagle)
-                                  if local else [], {m: self.attached[m] for m in todo if m in self.attached},
+                configs = vm.server_configs(local, target=self.target, draft=self.draft, eagle=self.eagle) if local else []
+                if configs and detect_device() == "cuda":
+                    # Each server's share of the GPU counts every server this tab may start, not only
+                    # those starting now: a method ticked later starts beside servers holding theirs.
+                    share = gpu_share_args(len(set(local) | {m for m in self.methods() if m not in self.attached}))
+                    configs = [c if "--gpu-memory-utilization" in c.extra_args else
+                               dataclasses.replace(c, extra_args=(*c.extra_args, *share)) for c in configs]
+                pool = ServerPool(configs, {m: self.attached[m] for m in todo if m in self.attached},
                                   progress=progress)
                 pool.start()  # on a failure it stops its own servers and raises
                 self.pools.append(pool)
@@ -178,8 +191,11 @@ def stats_markdown(stats: dict, baseline_tps: float | None, is_baseline: bool) -
         rates = [a / p if p else 0.0 for a, p in zip(stats["accepted_at"], stats["proposed_at"])]
         line += " · per position " + ", ".join(f"{100 * r:.0f}%" for r in rates[:8])
     if stats.get("alignment") == "per_event":
-        line += (" · steps estimated from the stream (the server sent no per-step metrics: "
-                 "start it with --per-request-spec-decode-metrics detailed)")
+        why = {"no_metrics": "the server sent no speculative-decoding metrics",
+               "summary": "the server sent totals only"}.get(stats.get("alignment_reason"))
+        line += (f" · steps estimated from the stream ({why}: start it with --per-request-spec-decode-metrics "
+                 "detailed)" if why else " · steps estimated from the stream (vLLM's per-step metrics did not "
+                 "line up with its events)")
     if stats.get("server_generation_s") is not None:
         line += f" · server {stats['server_generation_s'] + (stats.get('server_ttft_s') or 0):.2f} s"
     return line
@@ -400,12 +416,18 @@ def build(session: VLLMSession, engine) -> None:
         except ValueError as e:
             yield {status: render.status_html("warning", str(e))}
             return
+        if flag.is_set():  # stopped while queued behind another run: start nothing
+            yield {status: render.status_html("stopped", "stopped")}
+            return
         note = starting(names)
         if note:
             yield {status: note}
         ok, message = start_servers(names)  # waits while another Start or Run is starting servers
         if not ok:
             yield {status: message}
+            return
+        if flag.is_set():  # Stop pressed while the servers started (it cannot cut a start short)
+            yield {status: render.status_html("stopped", "stopped: the servers are ready; nothing was asked")}
             return
         yield from stream_methods(dict(session.endpoints), engine.target.tokenizer, names, ids,
                                   Sampling(int(n)), list(engine.target.eos_token_ids), flag, panels, status)

@@ -84,7 +84,9 @@ def record_fields(done: Completion, method: str, eos_token_ids: list[int] = ()) 
     ``steps`` is estimated from them and the events (a lower bound; the per-position counts stay
     empty); a speculative server that
     sent no metrics at all leaves ``proposed``, ``accepted`` and ``acceptance_rate`` None (unknown),
-    and ``steps`` is the number of streamed events, an estimate.
+    and ``steps`` counts one per streamed event (the first split into the prefill's token and the
+    rest), an estimate. ``alignment_reason`` says why: ``no_metrics``, ``summary`` (totals only) or
+    ``no_fit`` (per-step metrics that did not fit the events); None when exact.
     """
     from .methods import SOURCES
 
@@ -125,6 +127,10 @@ def record_fields(done: Completion, method: str, eos_token_ids: list[int] = ()) 
         "output_ids": ids, "output_text": done.text, "margins": [round(m, 5) for m in done.margins],
         "accepted_at": accepted_at, "proposed_at": proposed_at,
         "alignment": "exact" if exact else "per_event",
+        # why the steps were estimated: no metrics at all, totals only, or per-step metrics that did
+        # not fit the stream's events
+        "alignment_reason": None if exact else ("no_metrics" if spec is None else
+                                                "summary" if not spec.detailed else "no_fit"),
         "server_ttft_s": sec("time_to_first_token_ms"), "server_generation_s": sec("generation_time_ms"),
         "server_queue_s": sec("queue_time_ms"), "vllm_fingerprint": done.fingerprint,
         "sources": [src for s in steps for src in s.sources(SOURCES.get(method, "draft"))],

@@ -52,10 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     pool = ServerPool(configs, progress=lambda f, m: print(m, file=sys.stderr, flush=True))
     try:
-        pool.start()
+        pool.start()  # on any failure, Ctrl-C too, it stops the servers it started
     except (VLLMServerError, VLLMError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return 0
     try:
         for name, e in pool.endpoints.items():
             print(f"--vllm-url {name}={e.url}", flush=True)

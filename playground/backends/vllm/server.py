@@ -330,8 +330,9 @@ class VLLMServer:
         with _LIVE_LOCK:
             _LIVE.discard(self)
         p = self.process
-        if p is None:
+        if p is None or getattr(self, "stopped", False):  # stopped once: its group id may be reused since
             return
+        self.stopped = True
         if p.poll() is None:
             try:
                 os.killpg(p.pid, signal.SIGTERM)
