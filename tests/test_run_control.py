@@ -359,3 +359,8 @@ def test_a_run_refused_before_its_first_step_clears_the_last_runs_panels(real_ta
     panels = {m: values[1 + 3 * names.index(m)] for m in names}
     assert all("not run: see the status line above" in panels[m] for m in ("autoregressive", "prompt_lookup"))
     assert panels["eagle"] == "" and values[-1] == gr.skip()  # the last-run state (History, insight) kept
+    stats_and_badges = [values[2 + 3 * i + j] for i in range(len(names)) for j in (0, 1)]
+    assert all(v == "" for v in stats_and_badges)  # no "checked once both have finished" for a run that never ran
+    assert values[-2] == gr.skip()  # the step inspector stays on the last run that ran
+    bars = values[-3]
+    assert all(len(trace.x or ()) == 0 for trace in bars.data)  # no 0.0 bar for methods that did not run

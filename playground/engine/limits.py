@@ -155,7 +155,11 @@ REPETITION_PENALTY_KNOB = Knob("repetition_penalty", "Repetition penalty", 0.5, 
                                info="Every token already in the prompt or the output has its logit divided by this "
                                     "(multiplied when negative) before sampling; 1 = off. Unset: the model's own "
                                     "default.")
-SEED_KNOB = Knob("seed", "Seed", 0, 2**31 - 1, 0, info="Seed of the sampling generator.")
+SEED_KNOB = Knob("seed", "Seed", 0, 2**31 - 1, 0,
+                 info="Seed of the sampling generator. The same seed repeats the baseline's sample; a method "
+                      "that learns across runs (the budget's estimates, draft gates, suffix and recycling "
+                      "caches) draws its random numbers in another order the next time, so its sample can "
+                      "differ, still from the target's distribution.")
 
 # Method knobs ---------------------------------------------------------------
 K_KNOB = Knob("k", "Speculative tokens K", 1, MAX_SPECULATIVE_TOKENS, 4,

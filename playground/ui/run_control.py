@@ -230,10 +230,10 @@ def waiting_status(making: str | None, seconds: float) -> str:
         seconds: how long the run has waited.
     """
     what = {
-        "step_cost": "timing this device's decoding steps for the per-step budget (once per model; about a "
-                     "minute on a small CPU)",
-        "verify_cost": "timing this device's verification cost (once per model)",
-        "medusa_auto_tree": "timing Medusa's candidate trees on this device (once per model)",
+        "step_cost": "timing this device's decoding steps for the per-step budget (once per set of models "
+                     "loaded; about a minute on a small CPU)",
+        "verify_cost": "timing this device's verification cost (once per set of models loaded)",
+        "medusa_auto_tree": "timing Medusa's candidate trees on this device (once per set of models loaded)",
     }.get(making or "")
     if what is None and making and making.startswith("datastore"):
         what = "loading REST's datastore (once)"

@@ -123,15 +123,18 @@ class RunView:
 
     def abandon(self) -> None:
         """The run ended on a warning or an error: a panel still waiting for its first token says it
-        did not run (the status line says why); panels with text keep it."""
+        did not run (the status line says why), with no stats line or badge; panels with text keep
+        theirs. The charts show only the methods that ran."""
         for m in self.chosen:
             if self.outputs[m].last is None:
                 self.html[m] = render.placeholder("not run: see the status line above")
+                self.stats_md[m] = self.badge_md[m] = ""
+        self.refresh_figures()
 
     def refresh_figures(self) -> None:
         """Rebuild the charts from the statistics so far."""
         timeline = {METHODS[m].label: list(self.timelines.get(m, [])) for m in self.chosen}
-        speed = {METHODS[m].label: self.stats.get(m, {}).get("tokens_per_s", 0.0) for m in self.chosen}
+        speed = {METHODS[m].label: self.stats[m].get("tokens_per_s", 0.0) for m in self.chosen if m in self.stats}
         self.chart = charts.timeline_figure(timeline, self.colors)
         self.bars = charts.speed_figure(speed, self.colors)
 
@@ -160,4 +163,7 @@ class RunView:
         out: list = [self.status]
         for m in METHODS:
             out += [self.html[m], self.stats_md[m], self.badge_md[m]]
-        return tuple(out + [self.chart, self.bars, self.steps, self.summary() if final else gr.skip()])
+        # A run refused before it started leaves the step inspector on the last run that ran, as the
+        # "Inside the last run" charts (fed by the last-run state) stay.
+        return tuple(out + [self.chart, self.bars, self.steps if self.shown else gr.skip(),
+                            self.summary() if final else gr.skip()])
