@@ -43,7 +43,8 @@ refuses larger uploads itself (``launch(max_file_size=...)``, see :func:`launch_
 :func:`questions_path` checks again for API clients."""
 PER_CATEGORY_KNOB = Knob("per_category", "Questions per category", 1, MAX_PAGE_QUESTIONS, 2,
                          info="The first N questions of each ticked category, in the file's order, so every "
-                              "category is sampled alike.")
+                              "category is sampled alike; every turn of a multi-turn question (MT-bench's two) "
+                              "is run.")
 NEW_TOKENS_KNOB = Knob("max_new_tokens", "Max new tokens", 1, MAX_PAGE_NEW_TOKENS, 64,
                        info="Per run; greedy decoding, so lossless methods can be checked.")
 DETAIL_HEADER = ["category", *bench.TABLE_HEADER]
