@@ -52,18 +52,16 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("k_defaults", "K (tokens drafted per step): 2 conservative, 4 default, 8 aggressive; on a CPU at most the "
          "K that the verify cost makes fastest (Theory tab); a loaded draft that carries its own measured K uses "
          "that K.", "Leviathan et al. 2023 (optimal K); project guidance"),
-    Rule("loaded_draft", "A draft that shares the target's tokenizer is loaded here (the embedded default ships one "
-         "distilled for it): use draft-model speculative decoding with the draft's own K. It was measured on this "
-         "target, so the measurement beats the size rules and the appetite presets.",
+    Rule("loaded_draft", "Use draft-model speculative decoding with the draft's own K (the embedded default ships a "
+         "draft distilled for it, sharing its tokenizer): it was measured on this target, so the measurement beats "
+         "the size rules and the appetite presets.",
          "Leviathan et al. 2023; Chen et al. 2023; project measurements"),
-    Rule("loaded_medusa", "Medusa heads for the target are loaded: no training is needed; compare Medusa with the "
-         "draft on the Playground tab. Where the project measured both on a CPU like this one, the faster of the "
-         "two comes first.",
+    Rule("loaded_medusa", "No training is needed: compare Medusa with the other loaded drafters on the Playground "
+         "tab. Where the project measured them on a CPU like this one, the faster comes first.",
          "Cai et al. 2024 (Medusa); project measurements"),
-    Rule("loaded_eagle", "An EAGLE-3 head for the target is loaded (the embedded default ships one): no training "
-         "is needed; compare EAGLE-3 with the loaded draft and Medusa heads on the Playground tab. Where the "
-         "project measured them on a CPU like this one, the fastest of the loaded ones comes first; on a GPU "
-         "EAGLE-3 does.", "Li et al. 2025 (EAGLE-3); project measurements"),
+    Rule("loaded_eagle", "No training is needed (the embedded default ships a head): compare EAGLE-3 with the "
+         "other loaded drafters on the Playground tab. Where the project measured them on a CPU like this one, "
+         "the fastest of the loaded ones comes first; on a GPU EAGLE-3 does.", "Li et al. 2025 (EAGLE-3); project measurements"),
     Rule("lookahead_size", "Lookahead window W and n-gram size N by model size: 7B (15, 5), 13B (10, 5), 33B and up "
          "(7, 5), with guess set size G = W.", "Fu et al. 2024, their GPU settings"),
     Rule("medusa_threshold", "Medusa's posterior threshold (epsilon) and alpha matter only with typical acceptance, "

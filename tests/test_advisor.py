@@ -539,3 +539,20 @@ def test_gpu_with_training_adds_eagle_beside_loaded_heads():
     assert a.deploy_method == "eagle" and "eagle3" in a.deploy
     b = advisor.advise(advisor.Situation(7, None, willing_to_train=False, medusa_loaded=True, device="gpu"))
     assert "eagle" not in b.methods
+
+
+def test_a_loaded_drafters_reason_does_not_repeat_itself():
+    """Each reason line quotes its rule's title and guidance: with Medusa heads loaded the Why list read
+    "Medusa heads are loaded: Medusa heads for the target are loaded: no training is needed ...";
+    a loaded drafter's guidance no longer restates its title."""
+    import html
+    from types import SimpleNamespace
+
+    from playground.ui import advisor_tab
+
+    engine = SimpleNamespace(draft=None, medusa=object(), eagle=object(), unavailable_reason=lambda m: None,
+                             target=SimpleNamespace(device="cpu"))
+    md, _ = advisor_tab.advise(engine, 0.135, 0, False, "chat", "default", "cpu", False, True, True)
+    text = html.unescape(md)
+    for phrase in ("heads for the target are loaded", "head for the target is loaded"):
+        assert text.count(phrase) <= 1, text
