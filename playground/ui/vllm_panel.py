@@ -13,7 +13,6 @@ servers share this machine's cores). Times are client times of HTTP requests (se
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import html
 import logging
 import threading
@@ -26,8 +25,7 @@ from playground.backends.vllm import methods as vm
 from playground.backends.vllm.bench import TIMING
 from playground.backends.vllm.client import StreamCutter, VLLMError
 from playground.backends.vllm.runner import Sampling, run_completion, run_to_end
-from playground.backends.vllm.server import (ServerPool, VLLMServerError, detect_device, gpu_share_args,
-                                             parse_vllm_urls)
+from playground.backends.vllm.server import ServerPool, VLLMServerError, detect_device, parse_vllm_urls, share_gpu
 
 from . import render
 from .run_control import EventPump, StopSignals
@@ -118,12 +116,11 @@ class VLLMSession:
                                  f"{local[0]}=URL, or start the app with --vllm to start servers here")
             if todo:
                 configs = vm.server_configs(local, target=self.target, draft=self.draft, eagle=self.eagle) if local else []
-                if configs and detect_device() == "cuda":
+                if configs:
                     # Each server's share of the GPU counts every server this tab may start, not only
                     # those starting now: a method ticked later starts beside servers holding theirs.
-                    share = gpu_share_args(len(set(local) | {m for m in self.methods() if m not in self.attached}))
-                    configs = [c if "--gpu-memory-utilization" in c.extra_args else
-                               dataclasses.replace(c, extra_args=(*c.extra_args, *share)) for c in configs]
+                    configs = share_gpu(configs, detect_device(),
+                                        len(set(local) | {m for m in self.methods() if m not in self.attached}))
                 pool = ServerPool(configs, {m: self.attached[m] for m in todo if m in self.attached},
                                   progress=progress)
                 pool.start()  # on a failure it stops its own servers and raises

@@ -252,6 +252,7 @@ class VLLMServer:
         self.process: subprocess.Popen | None = None
         self.endpoint: Endpoint | None = None
         self.started_at = 0.0
+        self.stopped = False  # stop() has run: its process group id may be reused since
 
     @property
     def url(self) -> str:
@@ -330,7 +331,7 @@ class VLLMServer:
         with _LIVE_LOCK:
             _LIVE.discard(self)
         p = self.process
-        if p is None or getattr(self, "stopped", False):  # stopped once: its group id may be reused since
+        if p is None or self.stopped:
             return
         self.stopped = True
         if p.poll() is None:
@@ -349,14 +350,16 @@ class VLLMServer:
             log.warning("vLLM server for %s (pid %d) did not exit after SIGKILL", self.config.name, p.pid)
 
 
-def share_gpu(configs: list[ServerConfig], device: str) -> list[ServerConfig]:
-    """On a CUDA GPU, several servers started together share it: each without its own
-    ``--gpu-memory-utilization`` gets 0.9 / n (vLLM's default, 0.92 each, stops the second server at
-    start for lack of free memory). On a CPU the configs are returned as they are (the KV cache is set
-    by ``VLLM_CPU_KVCACHE_SPACE``)."""
-    if device != "cuda" or len(configs) < 2:
+def share_gpu(configs: list[ServerConfig], device: str, servers: int | None = None) -> list[ServerConfig]:
+    """On a CUDA GPU, several servers share it: each config without its own
+    ``--gpu-memory-utilization`` gets 0.9 / n, n being ``servers`` (all that will run on the GPU,
+    those started later included) or, by default, ``len(configs)`` (vLLM's default, 0.92 each, stops
+    the second server at start for lack of free memory). On a CPU the configs are returned as they
+    are (the KV cache is set by ``VLLM_CPU_KVCACHE_SPACE``)."""
+    n = len(configs) if servers is None else servers
+    if device != "cuda" or n < 2:
         return list(configs)
-    share = gpu_share_args(len(configs))
+    share = gpu_share_args(n)
     return [c if "--gpu-memory-utilization" in c.extra_args else
             dataclasses.replace(c, extra_args=(*c.extra_args, *share)) for c in configs]
 
