@@ -462,7 +462,7 @@ def test_engine_value_errors_during_runs_are_one_line_but_bugs_are_not_hidden(ti
     calls = []
 
     def failing(kind):
-        def start(engine, ids, spec, settings):
+        def start(engine, ids, spec, settings, scope=None):
             calls.append(spec.name)
             if len(calls) != 2:
                 return real(engine, ids, spec, settings)

@@ -206,7 +206,7 @@ def test_page_run_stops_at_once_during_a_calibration_and_says_what_it_waits_for(
     engine = Engine(real_target)
     release, stop, log = threading.Event(), threading.Event(), []
 
-    def stream(engine_key, prompt, specs, settings):
+    def stream(engine_key, prompt, specs, settings, scope=None):
         engine.making = "step_cost"
         try:
             release.wait(30)
@@ -245,7 +245,7 @@ def test_stream_says_start_before_the_first_method_reads_the_prompt():
         def encode_prompt(self, prompt):
             return [1, 2, 3]
 
-        def run(self, prompt_ids, specs, settings, cancel=None):
+        def run(self, prompt_ids, specs, settings, cancel=None, scope=None):
             log.append("checked")
 
             def steps():
@@ -277,7 +277,7 @@ def test_page_status_returns_to_reading_after_the_timing_and_a_late_warning_clea
 
     engine = Engine(real_target)
 
-    def stream(engine_key, prompt, specs, settings):
+    def stream(engine_key, prompt, specs, settings, scope=None):
         yield {"type": "start", "prompt_tokens": 3}
         engine.making = "step_cost"
         try:
@@ -312,7 +312,7 @@ def test_a_long_run_asks_the_browser_for_a_bounded_amount_of_redrawing_per_secon
     names = ["autoregressive", "prompt_lookup"]
     events, piece = 1000, ("word " * 100, "target")  # each step adds about 700 characters of HTML to a panel
 
-    def stream(engine_key, prompt, specs, settings):
+    def stream(engine_key, prompt, specs, settings, scope=None):
         real = worker.stream_run(engine_key, prompt, [s for s in specs if s["name"] == "autoregressive"], settings)
         yield next(real)  # "start"
         template = next(e for e in real if e["type"] == "event")
@@ -349,7 +349,7 @@ def test_a_run_refused_before_its_first_step_clears_the_last_runs_panels(real_ta
 
     engine = Engine(real_target)
 
-    def stream(engine_key, prompt, specs, settings):
+    def stream(engine_key, prompt, specs, settings, scope=None):
         yield {"type": "warning", "message": "the prompt is 9000 tokens; it exceeds the model's context"}
 
     args = run_arguments("Hello", ["autoregressive", "prompt_lookup"], max_new_tokens=8)

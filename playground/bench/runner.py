@@ -143,9 +143,9 @@ def _check_a_question_fits(engine, questions: list[Question], max_new_tokens: in
 
 
 # ----- one method on one prompt -------------------------------------------------------------------
-def run_method(engine, prompt_ids: list[int], spec, settings) -> dict:
+def run_method(engine, prompt_ids: list[int], spec, settings, scope: str | None = None) -> dict:
     """Run one method to the end; return the measured part of its record (see :mod:`.records`)."""
-    return finish(step_method(engine, prompt_ids, spec, settings))
+    return finish(step_method(engine, prompt_ids, spec, settings, scope))
 
 
 def finish(gen: Generator):
@@ -157,14 +157,16 @@ def finish(gen: Generator):
             return done.value
 
 
-def step_method(engine, prompt_ids: list[int], spec, settings) -> Generator[float, None, dict]:
+def step_method(engine, prompt_ids: list[int], spec, settings, scope: str | None = None
+                ) -> Generator[float, None, dict]:
     """One method on one prompt, a step at a time: yields each step's duration in seconds (the first
-    holds the prefill) and returns the measured part of its record (see :mod:`.records`)."""
+    holds the prefill) and returns the measured part of its record (see :mod:`.records`). ``scope``:
+    whose learned state it reads and adds to (``Engine.run``)."""
     from playground.engine import RunOutput
 
     out = RunOutput(spec.name, spec.params)
     before = 0.0
-    for event in engine.run_one(prompt_ids, spec, settings):
+    for event in engine.run_one(prompt_ids, spec, settings, scope=scope):
         out.add(event)
         yield event.stats.elapsed_s - before
         before = event.stats.elapsed_s
@@ -186,11 +188,12 @@ class Runner:
     steps: Callable[[list[int]], Generator[float, None, dict]] | None = None
 
 
-def engine_runner(engine, spec, settings) -> Runner:
-    """A :class:`Runner` for an engine method (``spec`` is a ``MethodSpec``); it can step."""
+def engine_runner(engine, spec, settings, scope: str | None = None) -> Runner:
+    """A :class:`Runner` for an engine method (``spec`` is a ``MethodSpec``) learning in ``scope``
+    (``Engine.run``); it can step."""
     return Runner(spec.name, engine.with_defaults(spec).checked_params(),
-                  lambda ids: run_method(engine, ids, spec, settings),
-                  lambda ids: step_method(engine, ids, spec, settings))
+                  lambda ids: run_method(engine, ids, spec, settings, scope),
+                  lambda ids: step_method(engine, ids, spec, settings, scope))
 
 
 def round_robin(runners: list[Runner], prompts: dict[str, list[int]],
@@ -367,7 +370,9 @@ class Benchmark:
         engine: the loaded engine; questions: what to run; specs: the methods, baseline first;
         settings: the ``GenerationSettings`` of every run; extra: fields added to every record
         (``temperature``, ``dtype``, ``target``, and ``stop_strings`` when there are some);
-        round_robin: step the methods round-robin on each (question, turn) (see :func:`iter_runs`).
+        round_robin: step the methods round-robin on each (question, turn) (see :func:`iter_runs`);
+        scope: whose learned state the runs read and add to (``Engine.run``; the page gives each
+        benchmark a scope of its own, dropped when it ends); None: the unscoped state.
     """
 
     engine: object
@@ -377,6 +382,7 @@ class Benchmark:
     extra: dict = field(default_factory=dict)
     labels: dict = field(default_factory=lambda: dict(PAGE_LABELS))
     round_robin: bool = True
+    scope: str | None = None
 
     @property
     def total_runs(self) -> int:
@@ -384,7 +390,7 @@ class Benchmark:
         return sum(len(q.turns) for q in self.questions) * len(self.specs)
 
     def runners(self) -> list[Runner]:
-        return [engine_runner(self.engine, s, self.settings) for s in self.specs]
+        return [engine_runner(self.engine, s, self.settings, self.scope) for s in self.specs]
 
     def warm_up(self, rounds: int = 1) -> None:
         """Untimed short generations of every method (kernel selection, allocator, lazy imports).
@@ -401,13 +407,13 @@ class Benchmark:
             ids = self.engine.encode_prompt(WARMUP_PROMPT)
             for _ in range(rounds):
                 for s in self.specs:
-                    for _event in self.engine.run_one(ids, s, short):
+                    for _event in self.engine.run_one(ids, s, short, scope=self.scope):
                         pass
         except ValueError as e:
             raise BenchError(f"warm-up failed: {e}") from None
         # Methods that learn across runs (suffix caches, recycling tables, acceptance calibration) forget
         # the warm-up output: the timed runs see only earlier questions' outputs of the same method.
-        self.engine.forget("learned/")
+        self.engine.forget_learned(self.scope)
 
     def iter(self) -> Iterator[tuple[str, object, int]]:
         """:func:`iter_runs` over this benchmark (under ``torch.inference_mode``)."""
@@ -441,13 +447,13 @@ class Benchmark:
 
 
 def prepare(engine, questions: list[Question], specs: list, settings,
-            labels: dict[str, str] | None = None) -> Benchmark:
+            labels: dict[str, str] | None = None, scope: str | None = None) -> Benchmark:
     """Run every check (:func:`check_specs`, :func:`check_runnable`) and return the benchmark.
 
     Args:
         engine: a loaded ``Engine``; questions: see :mod:`.questions`; specs: ``MethodSpec``
             list, the baseline first (see :func:`order_methods`); settings: ``GenerationSettings``;
-        labels: see :func:`check_runnable`.
+        labels: see :func:`check_runnable`; scope: see :class:`Benchmark`.
 
     Raises:
         BenchError: naming what to change.
@@ -461,7 +467,7 @@ def prepare(engine, questions: list[Question], specs: list, settings,
     stops = list(getattr(settings, "stop_strings", None) or ())
     if stops:
         extra["stop_strings"] = stops
-    return Benchmark(engine, list(questions), list(specs), settings, extra, labels)
+    return Benchmark(engine, list(questions), list(specs), settings, extra, labels, scope=scope)
 
 
 # ----- the machine ----------------------------------------------------------------------------------

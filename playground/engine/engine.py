@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import numbers
 import threading
 from typing import Any, Callable, Iterator
 
@@ -20,7 +19,9 @@ from . import methods as _methods  # noqa: F401  (registers every method)
 from .decoding import GenerationSettings, decode
 from .drafter import Drafter
 from .events import StepEvent
+from .learned import LEARNED, MAX_LEARNING_SCOPES, ScopeLRU, check_scope, current_scope, in_scope, scoped_key
 from .penalty import model_generation_settings, model_repetition_penalty
+from .prompt_ids import check_prompt_ids
 from .registry import METHODS, MethodSpec
 from .target import CausalLM
 
@@ -64,6 +65,7 @@ class Engine:
         self.datastore = datastore
         self._lock = threading.RLock()  # one step (or one calibration) at a time
         self._persistent: dict[str, Any] = {}
+        self._scopes = ScopeLRU(MAX_LEARNING_SCOPES)  # scopes whose learned state is kept (learned.py)
         self.calibrations: dict[str, int] = {}
         """How many times each :meth:`persistent` key's factory ran (1 each, unless forgotten)."""
         self.making: str | None = None
@@ -218,12 +220,14 @@ class Engine:
         """``spec`` with :meth:`knob_defaults` filling the knobs it leaves unset (what runs)."""
         return MethodSpec(spec.name, {**self.knob_defaults(spec.name), **spec.params})
 
-    def make_drafter(self, spec: MethodSpec) -> Drafter:
-        """A fresh drafter for ``spec`` (unset knobs: :meth:`knob_defaults`, then the global defaults).
+    def make_drafter(self, spec: MethodSpec, scope: str | None = None) -> Drafter:
+        """A fresh drafter for ``spec`` (unset knobs: :meth:`knob_defaults`, then the global defaults),
+        whose state learned across runs is ``scope``'s (see :mod:`.learned`; None: the scope it is
+        built in, a mixture's member its mixture's, else the unscoped state).
 
         Raises:
-            TypeError: ``spec`` is not a :class:`MethodSpec`.
-            ValueError: unknown method, bad knob, or a method that cannot run here.
+            TypeError: ``spec`` is not a :class:`MethodSpec`, or ``scope`` not a string.
+            ValueError: unknown method, bad knob, a method that cannot run here, or a bad scope.
         """
         if not isinstance(spec, MethodSpec):
             raise TypeError(f"methods are given as MethodSpec(name, params), got {type(spec).__name__}")
@@ -231,7 +235,12 @@ class Engine:
         reason = self.unavailable_reason(spec.name)
         if reason:
             raise ValueError(f"{spec.name} is unavailable: {reason}")
-        return METHODS[spec.name].build(self, params)
+        scope = current_scope() if scope is None else check_scope(scope)
+        if scope is not None:
+            for old in self._scopes.touch(scope):  # the least recently used scope beyond the limit
+                self.forget_learned(old)
+        with in_scope(scope):
+            return METHODS[spec.name].build(self, params)
 
     # ----- state kept across runs -------------------------------------------------------------
     def persistent(self, key: str, factory: Callable[[], Any]) -> Any:
@@ -243,8 +252,10 @@ class Engine:
         device), even when several threads ask at once: the check for an existing object is
         repeated under the lock. The lock is re-entrant, so a factory may ask for another key.
         ``factory`` runs outside ``torch.inference_mode`` (its model calls enter it themselves), so
-        the tensors it makes may be updated in place by runs in or out of inference mode.
+        the tensors it makes may be updated in place by runs in or out of inference mode. A
+        ``learned/`` key asked for while drafters are built in a scope is that scope's (:mod:`.learned`).
         """
+        key = scoped_key(key, current_scope())
         try:
             return self._persistent[key]  # made already: no lock needed to read it
         except KeyError:
@@ -274,10 +285,17 @@ class Engine:
 
     def forget(self, prefix: str = "") -> None:
         """Drop the persistent state whose key starts with ``prefix`` (all when empty); the benchmark
-        calls it after warm-up so that no method learns from warm-up output."""
+        calls it after warm-up so that no method learns from warm-up output. Scoped learned state
+        (``learned@<scope>/``) goes with ``forget()`` or :meth:`forget_learned`, not ``forget("learned/")``."""
         with self._lock:
             for key in [k for k in self._persistent if k.startswith(prefix)]:
                 del self._persistent[key]
+
+    def forget_learned(self, scope: str | None = None) -> None:
+        """Drop what methods learned across runs in ``scope`` (None: runs made without a scope)."""
+        self.forget(scoped_key(LEARNED, check_scope(scope)))
+        if scope is not None:
+            self._scopes.discard(scope)
 
     def exclusive(self):
         """A context manager holding the step lock (no method steps while it is held): for swapping
@@ -364,30 +382,7 @@ class Engine:
                 :meth:`encode_prompt` first).
             ValueError: an empty prompt, or an id outside ``[0, vocab_size)``.
         """
-        wrong = ("prompt_ids must be a list of integer token ids (or a tuple, 1-D tensor or array): "
-                 "encode text with Engine.encode_prompt first")
-        shape = getattr(prompt_ids, "shape", None)
-        if shape is not None and not isinstance(prompt_ids, (list, tuple)):
-            if len(shape) != 1:
-                raise TypeError(f"prompt_ids must be 1-D (prompt_len,), got shape {tuple(shape)}")
-            dtype = str(getattr(prompt_ids, "dtype", ""))
-            if "int" not in dtype:
-                raise TypeError(f"{wrong}; got an array of {dtype.removeprefix('torch.')}")
-            prompt_ids = prompt_ids.tolist()  # tensors and arrays
-        if isinstance(prompt_ids, (str, bytes, dict)) or not hasattr(prompt_ids, "__iter__"):
-            raise TypeError(wrong)
-        ids = []
-        for t in prompt_ids:  # one pass: a generator is read once
-            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-                raise TypeError(f"{wrong}; got an element {t!r} ({type(t).__name__})")
-            ids.append(int(t))
-        if not ids:
-            raise ValueError("the prompt is empty: type something to generate from")
-        vocab = self.target.model.get_input_embeddings().num_embeddings
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the target's vocabulary of {vocab} tokens")
-        return ids
+        return check_prompt_ids(prompt_ids, self.target.model.get_input_embeddings().num_embeddings)
 
     def resolve_settings(self, settings: GenerationSettings) -> GenerationSettings:
         """``settings`` with the target's own defaults filling what the caller left unset: the
@@ -413,7 +408,7 @@ class Engine:
         model sets that the engine does not implement."""
         return model_generation_settings(self.target.model)
 
-    def _check_run(self, prompt_ids, specs, settings, cancel=None
+    def _check_run(self, prompt_ids, specs, settings, cancel=None, scope=None
                    ) -> tuple[list[int], list[Drafter], GenerationSettings]:
         """Everything a run checks before its first step; returns the ids, fresh drafters and the
         settings with the model's defaults filled in."""
@@ -432,16 +427,17 @@ class Engine:
         if len(prompt_ids) + settings.max_new_tokens > ctx:
             raise ValueError(f"the prompt is {len(prompt_ids)} tokens; with max_new_tokens={settings.max_new_tokens} "
                              f"it exceeds the model's context of {ctx} tokens")
-        return prompt_ids, [self.make_drafter(s) for s in specs], settings
+        scope = check_scope(scope)
+        return prompt_ids, [self.make_drafter(s, scope) for s in specs], settings
 
     def run_one(self, prompt_ids, spec: MethodSpec, settings: GenerationSettings,
-                cancel: threading.Event | None = None) -> Iterator[StepEvent]:
+                cancel: threading.Event | None = None, scope: str | None = None) -> Iterator[StepEvent]:
         """Events of one method on one prompt (each step holds the engine's lock).
 
         Raises:
             TypeError, ValueError: as :meth:`run`; raised at the call, before any step runs.
         """
-        prompt_ids, (drafter,), settings = self._check_run(prompt_ids, [spec], settings, cancel)
+        prompt_ids, (drafter,), settings = self._check_run(prompt_ids, [spec], settings, cancel, scope)
         return self._steps(prompt_ids, spec.name, drafter, settings, cancel)
 
     def _steps(self, prompt_ids: list[int], method: str, drafter: Drafter, settings: GenerationSettings,
@@ -458,7 +454,7 @@ class Engine:
             yield event
 
     def run(self, prompt_ids, specs: list[MethodSpec], settings: GenerationSettings,
-            cancel: threading.Event | None = None) -> Iterator[StepEvent]:
+            cancel: threading.Event | None = None, scope: str | None = None) -> Iterator[StepEvent]:
         """Run several methods side by side, round-robin, one step each in turn.
 
         Args:
@@ -467,6 +463,10 @@ class Engine:
             specs: the methods to run (distinct names).
             settings: shared generation settings (every method gets the same seed).
             cancel: set it to stop every method before its next step.
+            scope: whose learned state the methods read and add to (suffix decoding's cache, the
+                recycling table, the budget's estimates; :mod:`.learned`): the page passes its
+                browser session, so no visitor's outputs feed another's drafts. None: the state of
+                every run made without a scope.
 
         Returns:
             An iterator of each method's :class:`StepEvent` in turn until all have finished.
@@ -477,9 +477,9 @@ class Engine:
                 the context; raised at the call, before any step runs.
             TypeError: ``prompt_ids`` is not a sequence of integer ids (e.g. text), ``specs``
                 not a list of :class:`MethodSpec`, ``settings`` not :class:`GenerationSettings`,
-                ``cancel`` not an event.
+                ``cancel`` not an event, ``scope`` not a string.
         """
-        prompt_ids, drafters, settings = self._check_run(prompt_ids, specs, settings, cancel)
+        prompt_ids, drafters, settings = self._check_run(prompt_ids, specs, settings, cancel, scope)
         streams = [self._steps(prompt_ids, s.name, d, settings, cancel) for s, d in zip(specs, drafters)]
         return self._round_robin(streams)
 

@@ -235,6 +235,7 @@ def build_recycling(engine, params: dict, owner: str = "recycling") -> Recycling
 METHOD = RECYCLING_METHOD = register(MethodInfo(
     name="recycling", label="Token recycling",
     description="The target's top-k candidates from every verification fill an adjacency table (token -> likely "
-                "next tokens); a static tree is filled from it breadth-first (Luo et al. 2024). Learns across runs.",
+                "next tokens); a static tree is filled from it breadth-first (Luo et al. 2024). Learns across runs "
+                "(on the page, each browser tab from its own).",
     lossless=True, knobs=with_budget_knob(RECYCLING_KNOBS), sources=(SOURCE_TARGET, SOURCE_RECYCLING),
     source_labels={SOURCE_RECYCLING: "token recycling"}, build=build_recycling, learns_across_runs=True))

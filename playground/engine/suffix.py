@@ -377,6 +377,7 @@ def build_suffix(engine, params: dict, owner: str = "suffix") -> SuffixDrafter:
 METHOD = SUFFIX_METHOD = register(MethodInfo(
     name="suffix", label="Suffix decoding",
     description="Suffix trees over the prompt, the output so far and earlier outputs propose a frequency-scored "
-                "tree; longer matches speculate further (Oliaro et al. 2024). Learns across runs.",
+                "tree; longer matches speculate further (Oliaro et al. 2024). Learns across runs (on the page, each "
+                "browser tab from its own).",
     lossless=True, knobs=with_budget_knob(SUFFIX_KNOBS), sources=(SOURCE_TARGET, SOURCE_SUFFIX),
     source_labels={SOURCE_SUFFIX: "suffix tree"}, build=build_suffix, learns_across_runs=True))

@@ -15,6 +15,7 @@ the insight charts of :mod:`.insight`), Benchmark (:mod:`.bench_tab`), Theory
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import logging
@@ -123,7 +124,7 @@ def _ended(view: RunView | None, status: str) -> tuple:
     return view.values()
 
 
-def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[tuple]:
+def run_comparison(engine: Engine, *values, stream=None, stop=None, scope=None) -> Iterator[tuple]:
     """The ``/run`` handler: stream every chosen method's text, stats, badge and the charts.
 
     The model runs in ``stream`` (default :data:`worker.RUN`: :func:`worker.stream_run`, on a
@@ -140,6 +141,8 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
             current step (a one-time calibration in progress finishes in the background and is
             kept). While the first step has not come (a calibration, another run holding the
             engine), the status says what the engine is doing.
+        scope: whose learned state the methods read and add to (``Engine.run``): the browser
+            session, so one visitor's outputs never feed another's drafts; None: the unscoped state.
 
     Yields:
         Tuples of output values (status, then per method: tokens HTML, stats line, badge;
@@ -161,7 +164,7 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None) -> Iterator[
         # Pulled in a helper thread, so Stop answers at once even inside a long engine call; in
         # lockstep, so no step runs while an update is rendered (it would slow that step unevenly).
         events = EventPump(stream(worker.register(engine), prompt, worker.spec_dicts(specs),
-                                  worker.settings_dict(settings)), stop, lockstep=True)
+                                  worker.settings_dict(settings), scope), stop, lockstep=True)
         stopped, prompt_tokens, preparing = False, 0, False
         for event in events:
             if event is None:  # nothing yet: say what the engine is doing before the first step
@@ -357,7 +360,9 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
             key = getattr(request, "session_hash", None)
             flag = STOPS.flag(key)  # armed by the Run click; a fresh one for an API call
             try:
-                yield from models.run(lambda chosen, *v: run_comparison(chosen, *v, stop=flag), *values)
+                # What methods learn across runs (suffix decoding's cache, ...) stays this session's.
+                scope = hashlib.sha256(key.encode()).hexdigest()[:16] if key else None  # any client's hash fits
+                yield from models.run(lambda chosen, *v: run_comparison(chosen, *v, stop=flag, scope=scope), *values)
             finally:
                 STOPS.release(key, flag)
 

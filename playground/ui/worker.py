@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 from typing import Callable, Iterator
 
 from playground.engine import BASELINE, METHODS, Engine, GenerationSettings, MethodSpec, SamplingConfig
@@ -98,7 +99,8 @@ def event_dict(event) -> dict:
 
 
 # ----- the functions a GPU runs -----------------------------------------------------------------
-def stream_run(engine_key: str, prompt: str, specs: list[dict], settings: dict) -> Iterator[dict]:
+def stream_run(engine_key: str, prompt: str, specs: list[dict], settings: dict,
+               scope: str | None = None) -> Iterator[dict]:
     """Run methods side by side on one prompt; yield plain dicts.
 
     Args:
@@ -106,6 +108,8 @@ def stream_run(engine_key: str, prompt: str, specs: list[dict], settings: dict) 
         prompt: the user message.
         specs: ``[{"name", "params"}, ...]`` (see :func:`spec_dicts`).
         settings: see :func:`settings_dict`.
+        scope: whose learned state the methods read and add to (``Engine.run``): the page passes
+            the browser session, so one visitor's outputs never feed another's drafts.
 
     Yields:
         ``{"type": "start", "prompt_tokens": int}`` once the run's checks passed (before the first
@@ -121,7 +125,7 @@ def stream_run(engine_key: str, prompt: str, specs: list[dict], settings: dict) 
     try:
         try:
             prompt_ids = engine.encode_prompt(prompt)
-            events = engine.run(prompt_ids, _specs(specs), _settings(settings), cancel=cancel)
+            events = engine.run(prompt_ids, _specs(specs), _settings(settings), cancel=cancel, scope=scope)
         except ValueError as e:
             yield {"type": "warning", "message": str(e)}
             return
@@ -162,25 +166,33 @@ def stream_bench(engine_key: str, questions: list[dict], specs: list[dict], sett
         ``{"type": "warning", "message": str}`` instead when a check fails (bad setting, a method
         the loaded models cannot run, no question fitting the context). Closing the generator
         stops at once (at a tick: that question's records are dropped).
+
+    Each benchmark learns in a scope of its own (``Engine.run``), dropped when it ends: its methods
+    learn only from its earlier questions (as in the CLI), never from a visitor's runs or another
+    benchmark's, and the questions' outputs (an upload's among them) stay out of every other run.
     """
     from playground import bench
 
     engine = engine_for(engine_key)
+    scope = f"bench-{uuid.uuid4().hex}"
     try:
-        run = bench.prepare(engine, [bench.question_from_dict(q) for q in questions], _specs(specs),
-                            _settings(settings))
-        yield {"type": "start", "runs": run.total_runs}
-        run.warm_up(warmup)
-    except (bench.BenchError, ValueError) as e:
-        yield {"type": "warning", "message": str(e)}
-        return
-    for kind, item, runs in run.iter():
-        if kind == "skip":
-            yield {"type": "skip", "message": item, "runs": runs}
-        elif kind == "tick":
-            yield {"type": "tick", **item}
-        else:
-            yield {"type": "record", "record": item}
+        try:
+            run = bench.prepare(engine, [bench.question_from_dict(q) for q in questions], _specs(specs),
+                                _settings(settings), scope=scope)
+            yield {"type": "start", "runs": run.total_runs}
+            run.warm_up(warmup)
+        except (bench.BenchError, ValueError) as e:
+            yield {"type": "warning", "message": str(e)}
+            return
+        for kind, item, runs in run.iter():
+            if kind == "skip":
+                yield {"type": "skip", "message": item, "runs": runs}
+            elif kind == "tick":
+                yield {"type": "tick", **item}
+            else:
+                yield {"type": "record", "record": item}
+    finally:
+        engine.forget_learned(scope)
 
 
 def measure(engine_key: str, sizes: list[int] | None = None, force: bool = False) -> dict:
@@ -201,7 +213,7 @@ def measure(engine_key: str, sizes: list[int] | None = None, force: bool = False
 
 
 # ----- ZeroGPU ----------------------------------------------------------------------------------
-def run_duration(engine_key: str, prompt: str, specs: list[dict], settings: dict) -> int:
+def run_duration(engine_key: str, prompt: str, specs: list[dict], settings: dict, scope: str | None = None) -> int:
     """ZeroGPU seconds to ask for a side-by-side run: every method generates ``max_new_tokens``."""
     return int(min(GPU_MAX_S, GPU_BASE_S + GPU_S_PER_TOKEN * settings["max_new_tokens"] * max(1, len(specs))))
 
