@@ -491,3 +491,37 @@ def test_draft_panel_and_lookahead_line():
                                                                  theory.FALLBACK)
     assert "= **121**" in insight.lookahead_pass_markdown(15, 5, 15)
     assert insight.preset_of(15, 5, 15) == "7b" and insight.preset_of(6, 5, 15) == insight.CUSTOM
+
+
+def test_draft_panel_says_when_the_advisor_leaves_the_draft_out():
+    """A draft as large as its target (the Models tab's "the target itself") is a check of the machinery:
+    the Advisor leaves it out, so the draft panel does not say the Advisor uses its K."""
+    from types import SimpleNamespace
+
+    from playground.ui import insight, worker
+
+    stats = {"steps": 5, "new_tokens": 9, "proposed": 8, "alpha": 0.5, "elapsed_s": 1.0, "ttft_s": 0.2,
+             "draft_s": 0.1, "verify_s": 0.7, "tokens_per_s": 9.0, "tau": 1.8}
+    summary = {"methods": {"draft_model": {"stats": stats, "params": {"k": 2}, "label": "Draft model",
+                                           "tokens_per_step": [2, 1, 2]}}}
+
+    class Sized:
+        def __init__(self, draft_params):
+            self.target = SimpleNamespace(name="t")
+            self.draft = SimpleNamespace(name="d")
+            self.sizes = {"target": 135e6, "draft": draft_params}
+
+        def parameter_count(self, part):
+            return int(self.sizes[part])
+
+        def unavailable_reason(self, method):
+            return None
+
+    for draft_params, advised in ((135e6, False), (30e6, True)):
+        key = worker.register(Sized(draft_params))
+        try:
+            md = insight.after_run(summary, key)[-1]
+        finally:
+            del worker.ENGINES[key]
+        assert ("The Advisor tab uses this K." in md) is advised, md
+        assert ("leaves this draft out" in md) is not advised

@@ -94,13 +94,16 @@ def build_run_charts() -> list:
 
 
 # ----- the draft-model panel -------------------------------------------------------------------
-def draft_panel_markdown(stats: dict | None, k: int | None, verify_cost: theory.VerifyCost) -> str:
+def draft_panel_markdown(stats: dict | None, k: int | None, verify_cost: theory.VerifyCost,
+                         advised: bool = True) -> str:
     """Markdown of the draft-model panel: acceptance, time split, measured c and the suggested K.
 
     Args:
         stats: the draft_model run's ``RunStats.as_dict()``; None before a run.
         k: the K the run used.
         verify_cost: relative cost of verifying n tokens (measured or the fallback table).
+        advised: whether the Advisor tab weighs this draft (False for a draft as large as its
+            target, the Models tab's "the target itself", which the Advisor leaves out).
     """
     if not stats:
         return "_Run the draft model to see its time split and a suggested K._"
@@ -117,7 +120,11 @@ def draft_panel_markdown(stats: dict | None, k: int | None, verify_cost: theory.
                  f"(× verify cost of {m.k + 1} tokens = {cost(m.k + 1):.2f}).")
     verdict = "" if sug.pays_off else " — even the best K is expected to be slower than plain decoding here"
     lines.append(f"**Suggested K = {sug.k}** (expected {sug.speedup:.2f}×, τ {sug.tokens_per_step:.2f}); "
-                 f"K = {m.k} as run: expected {m.speedup_as_run:.2f}×{verdict}. The Advisor tab uses this K. "
+                 f"K = {m.k} as run: expected {m.speedup_as_run:.2f}×{verdict}. "
+                 + ("The Advisor tab uses this K. " if advised else
+                    "The Advisor tab leaves this draft out: it is as large as the target (a check of the "
+                    "machinery, not a speed-up). ") +
+                 "These expectations come from Leviathan et al.'s formula with the α and c above (it takes every "
                  "These expectations come from Leviathan et al.'s formula with the α and c above (it takes every "
                  "position as accepted alike), so they can differ from the speedup this run measured, which is the "
                  "one in the Draft model panel's stats line. "
@@ -139,7 +146,12 @@ def after_run(summary: dict | None, engine_key: str) -> tuple:
     d = (summary or {}).get("methods", {}).get("draft_model")
     if d is None:
         return (*figs, gr.skip())
-    return (*figs, draft_panel_markdown(d["stats"], (d.get("params") or {}).get("k"), verify_cost_for(engine_key)))
+    from .advisor_tab import NO_DRAFT, loaded_draft_b
+
+    engine = worker.ENGINES.get(engine_key)
+    advised = engine is None or loaded_draft_b(engine) != NO_DRAFT
+    return (*figs, draft_panel_markdown(d["stats"], (d.get("params") or {}).get("k"), verify_cost_for(engine_key),
+                                        advised))
 
 
 # ----- Lookahead's settings -------------------------------------------------------------------
