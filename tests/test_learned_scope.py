@@ -114,3 +114,26 @@ def test_scoped_output_equals_the_baseline(engine):
         assert run(engine, MIXTURE, scope, tokens=16) == base
     with torch.inference_mode():
         assert run(engine, SUFFIX, "a", tokens=16) == base
+
+
+def test_a_closed_tab_forgets_what_its_runs_learned(engine):
+    """The page's unload handler (a tab closed or reloaded) drops that session's scope on every engine."""
+    from types import SimpleNamespace
+
+    from playground.ui.app import forget_session, session_scope
+
+    worker.register(engine)
+    mine, theirs = session_scope("tab-1"), session_scope("tab-2")
+    run(engine, SUFFIX, mine)
+    run(engine, SUFFIX, theirs)
+    forget_session(SimpleNamespace(session_hash="tab-1"))
+    assert len(suffix_cache(engine, mine)) == 0 and len(suffix_cache(engine, theirs)) == 1
+    forget_session(SimpleNamespace(session_hash=None))  # an API call without a session: nothing to drop
+    assert session_scope("a/b" * 100) == session_scope("a/b" * 100) and "/" not in session_scope("a/b")
+
+
+def test_scoped_state_leaves_no_counts_behind(engine):
+    run(engine, SUFFIX, "visitor-a")
+    assert any(k.startswith("learned@visitor-a/") for k in engine.calibrations)
+    engine.forget_learned("visitor-a")
+    assert not any(k.startswith("learned@") for k in engine.calibrations)

@@ -78,7 +78,7 @@ def check_specs(specs: list) -> None:
 
 
 def check_runnable(engine, specs: list, max_new_tokens: int, questions: list[Question],
-                   labels: dict[str, str] | None = None) -> None:
+                   labels: dict[str, str] | None = None, scope: str | None = None) -> None:
     """Check, once the models are loaded and before any run, everything that needs them.
 
     That is: the loaded models can run every method (``Engine.unavailable_reason``);
@@ -93,6 +93,7 @@ def check_runnable(engine, specs: list, max_new_tokens: int, questions: list[Que
         max_new_tokens: new tokens per answer.
         questions: the questions to run.
         labels: how messages name ``max_new_tokens`` and ``tree`` (default :data:`PAGE_LABELS`).
+        scope: the scope the drafters are built in (:class:`Benchmark`).
 
     Raises:
         BenchError: naming the setting to change.
@@ -114,7 +115,7 @@ def check_runnable(engine, specs: list, max_new_tokens: int, questions: list[Que
     _check_a_question_fits(engine, questions, max_new_tokens, name, max_new)
     for s in specs:
         try:
-            engine.make_drafter(s)
+            engine.make_drafter(s, scope)
         except TreeChoicesError as e:  # only a custom tree can fail here (presets fit any heads)
             raise BenchError(f"{s.name} cannot run: {name['tree']}: {e}") from None
         except ValueError as e:
@@ -460,7 +461,7 @@ def prepare(engine, questions: list[Question], specs: list, settings,
     """
     check_specs(specs)
     labels = {**PAGE_LABELS, **(labels or {})}
-    check_runnable(engine, specs, settings.max_new_tokens, questions, labels)
+    check_runnable(engine, specs, settings.max_new_tokens, questions, labels, scope)
     target = engine.target
     extra = {"temperature": settings.sampling.temperature, "dtype": str(target.dtype).removeprefix("torch."),
              "target": target.name}

@@ -18,7 +18,7 @@ import torch
 from . import methods as _methods  # noqa: F401  (registers every method)
 from .decoding import GenerationSettings, decode
 from .drafter import Drafter
-from .events import StepEvent
+from .events import StepEvent, round_robin
 from .learned import LEARNED, MAX_LEARNING_SCOPES, ScopeLRU, check_scope, current_scope, in_scope, scoped_key
 from .penalty import model_generation_settings, model_repetition_penalty
 from .prompt_ids import check_prompt_ids
@@ -67,7 +67,8 @@ class Engine:
         self._persistent: dict[str, Any] = {}
         self._scopes = ScopeLRU(MAX_LEARNING_SCOPES)  # scopes whose learned state is kept (learned.py)
         self.calibrations: dict[str, int] = {}
-        """How many times each :meth:`persistent` key's factory ran (1 each, unless forgotten)."""
+        """How many times each :meth:`persistent` key's factory ran (1 each, unless forgotten; a
+        learned key's count goes with its state, so scopes that come and go leave nothing behind)."""
         self.making: str | None = None
         """The :meth:`persistent` key whose factory is running now (a calibration timing the
         device, a datastore loading), else None: the page names it while a run waits for it."""
@@ -237,8 +238,9 @@ class Engine:
             raise ValueError(f"{spec.name} is unavailable: {reason}")
         scope = current_scope() if scope is None else check_scope(scope)
         if scope is not None:
-            for old in self._scopes.touch(scope):  # the least recently used scope beyond the limit
-                self.forget_learned(old)
+            with self._lock:  # the least recently used scope beyond the limit goes
+                for old in self._scopes.touch(scope):
+                    self.forget(scoped_key(LEARNED, old))
         with in_scope(scope):
             return METHODS[spec.name].build(self, params)
 
@@ -290,6 +292,8 @@ class Engine:
         with self._lock:
             for key in [k for k in self._persistent if k.startswith(prefix)]:
                 del self._persistent[key]
+                if key.startswith(("learned/", "learned@")):
+                    self.calibrations.pop(key, None)
 
     def forget_learned(self, scope: str | None = None) -> None:
         """Drop what methods learned across runs in ``scope`` (None: runs made without a scope)."""
@@ -469,7 +473,9 @@ class Engine:
                 every run made without a scope.
 
         Returns:
-            An iterator of each method's :class:`StepEvent` in turn until all have finished.
+            An iterator of each method's :class:`StepEvent` in turn until all have finished. A
+            method that raises during its steps ends alone, with finish reason ``"error"`` (its
+            last event's ``error`` says why; :func:`~.events.round_robin`).
 
         Raises:
             ValueError: no method, duplicate methods, bad knobs, an unavailable method, an
@@ -480,17 +486,5 @@ class Engine:
                 ``cancel`` not an event, ``scope`` not a string.
         """
         prompt_ids, drafters, settings = self._check_run(prompt_ids, specs, settings, cancel, scope)
-        streams = [self._steps(prompt_ids, s.name, d, settings, cancel) for s, d in zip(specs, drafters)]
-        return self._round_robin(streams)
-
-    @staticmethod
-    def _round_robin(streams: list[Iterator[StepEvent]]) -> Iterator[StepEvent]:
-        while streams:
-            for stream in list(streams):
-                event = next(stream, None)
-                if event is None:
-                    streams.remove(stream)
-                    continue
-                yield event
-                if event.finished:
-                    streams.remove(stream)
+        return round_robin([(s.name, self._steps(prompt_ids, s.name, d, settings, cancel))
+                            for s, d in zip(specs, drafters)])

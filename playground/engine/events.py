@@ -11,7 +11,11 @@ Terms (as Spec-Bench and the speculative decoding papers use them):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
+from typing import Iterator
+
+log = logging.getLogger(__name__)
 
 # Sources of emitted tokens. The verifier tags each token; the UI maps them to colours.
 SOURCE_TARGET = "target"
@@ -218,9 +222,11 @@ class StepEvent:
             same length as ``tokens`` (used to tell a numerical near-tie from a bug).
         stats: the run's totals after this step.
         finished: whether the run is over; finish_reason is ``"eos"``, ``"length"``,
-            ``"stop"`` or ``"cancelled"`` when it is.
+            ``"stop"``, ``"cancelled"`` or ``"error"`` when it is.
         tree: what the step verified (:class:`StepTree`); None for the closing event of a
-            cancelled run (no step ran).
+            cancelled or failed run (no step ran).
+        error: with finish reason ``"error"``, what went wrong (``"TypeName: message"``; see
+            :func:`round_robin`), else None.
     """
 
     method: str
@@ -236,6 +242,40 @@ class StepEvent:
     finished: bool = False
     finish_reason: str | None = None
     tree: StepTree | None = None
+    error: str | None = None
+
+
+def round_robin(streams: list[tuple[str, Iterator[StepEvent]]]) -> Iterator[StepEvent]:
+    """The events of several methods' runs, one step of each in turn, until all have finished.
+
+    Args:
+        streams: ``(method, its events)`` pairs, e.g. ``Engine.run``'s per-method generators.
+
+    One method failing does not end the others: when a stream raises an ``Exception`` (a bug met
+    on some model, the device running out of memory), its method ends with one last event of no
+    tokens, finish reason ``"error"`` and the exception's text in ``error`` (its traceback goes to
+    this module's log), carrying the statistics of its last step, and the other methods go on.
+    """
+    live = [[method, stream, None] for method, stream in streams]  # method, stream, its last event
+    while live:
+        for entry in list(live):
+            method, stream, last = entry
+            try:
+                event = next(stream, None)
+            except Exception as e:  # noqa: BLE001 - reported in the method's last event and the log
+                log.exception("%s failed after %d steps", method, 0 if last is None else last.step + 1)
+                live.remove(entry)
+                yield StepEvent(method, 0 if last is None else last.step + 1, [], [], [], 0, 0, 0.0, [],
+                                replace(last.stats) if last is not None else RunStats(), finished=True,
+                                finish_reason="error", error=f"{type(e).__name__}: {e}")
+                continue
+            if event is None:
+                live.remove(entry)
+                continue
+            entry[2] = event
+            yield event
+            if event.finished:
+                live.remove(entry)
 
 
 @dataclass

@@ -27,8 +27,10 @@ from typing import Iterator
 LEARNED = "learned/"
 """Prefix of the :meth:`~playground.engine.engine.Engine.persistent` keys that learn across runs."""
 MAX_LEARNING_SCOPES = 32
-"""Scopes whose learned state an engine keeps (least recently used dropped beyond): a few MB each
-(a recycling table of the target's vocabulary times its top-k, a suffix cache of up to 4096 outputs)."""
+"""Scopes whose learned state an engine keeps (least recently used dropped beyond). Each holds one
+object per method and knob setting run in it: a recycling table (the target's vocabulary times its
+top-k ids, a few MB), a suffix cache (up to ``cache_outputs`` outputs), estimators and gates (small).
+The page also drops a browser tab's scope when the tab closes (``app.forget_session``)."""
 MAX_SCOPE_CHARS = 200
 """Longest scope name (a Gradio session hash is about 11 characters)."""
 

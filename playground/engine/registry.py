@@ -34,7 +34,8 @@ class MethodInfo:
         build: ``build(engine, params) -> Drafter``: a fresh drafter with checked ``params``; ``engine``
             is the :class:`~playground.engine.engine.Engine` (its loaded parts: ``target_lm``,
             ``draft_lm``, ``draft``, ``medusa``, ``eagle``; ``persistent(key, factory)`` for state kept
-            across runs).
+            across runs: state that learns (keys under ``learned/``) is asked for here, at build time,
+            never during steps, so that it is the run's scope's (:mod:`~playground.engine.learned`)).
         requires: loaded parts the method needs, among ``"draft"``, ``"medusa"``, ``"eagle"``.
         lossless_if: when given, the method is lossless only for params where it returns True
             (Medusa: exact acceptance, not typical); see :func:`is_lossless`.

@@ -193,6 +193,8 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None, scope=None) 
                 continue
             first = view.outputs[event["method"]].last is None
             view.add(event)
+            if event.get("error"):  # one method failed; the others run on
+                warning(f"{METHODS[event['method']].label} failed: {event['error']}")
             if first:  # prefill progress: which method reads the prompt now
                 view.status = render.status_html("running", reading_status(view, prompt_tokens, labels))
             now = time.perf_counter()
@@ -233,6 +235,23 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None, scope=None) 
 
 
 # ----- the page ---------------------------------------------------------------------------
+def session_scope(session_hash: str | None) -> str | None:
+    """The learning scope of a browser session (``Engine.run``'s ``scope``): a digest of its session
+    hash (any client's hash then makes a valid scope); None without one."""
+    return hashlib.sha256(session_hash.encode()).hexdigest()[:16] if session_hash else None
+
+
+def forget_session(request: gr.Request) -> None:
+    """The page's unload handler: a closed or reloaded tab's learned state (its suffix caches, recycling
+    tables, estimates) is dropped from every engine it may have used, instead of waiting for eviction."""
+    scope = session_scope(getattr(request, "session_hash", None))
+    if scope is not None:
+        for engine in list(worker.ENGINES.values()):
+            forget = getattr(engine, "forget_learned", None)
+            if forget is not None:
+                forget(scope)
+
+
 def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, models_dir=None) -> gr.Blocks:
     """Build the playground page for ``engine`` (launch it with ``**launch_options()``).
 
@@ -361,8 +380,8 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
             flag = STOPS.flag(key)  # armed by the Run click; a fresh one for an API call
             try:
                 # What methods learn across runs (suffix decoding's cache, ...) stays this session's.
-                scope = hashlib.sha256(key.encode()).hexdigest()[:16] if key else None  # any client's hash fits
-                yield from models.run(lambda chosen, *v: run_comparison(chosen, *v, stop=flag, scope=scope), *values)
+                yield from models.run(lambda chosen, *v: run_comparison(chosen, *v, stop=flag, scope=session_scope(key)),
+                                      *values)
             finally:
                 STOPS.release(key, flag)
 
@@ -392,6 +411,7 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
             STOPS.stop(getattr(request, "session_hash", None))
 
         stop_btn.click(stop, None, None, api_visibility="private", queue=False)
+        demo.unload(forget_session)  # a closed tab's learned state goes with it
     # Two runs may be in flight at once: the engine serialises their steps with its lock and
     # each run keeps its own caches, so both stream (interleaved) instead of one waiting.
     # On Hugging Face Spaces (shared CPU or one ZeroGPU slice) one run at a time.

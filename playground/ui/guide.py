@@ -129,6 +129,15 @@ def _names(labels: list[str]) -> str:
     return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
 
 
+def failed_methods(summary: Mapping | None) -> list[str]:
+    """The methods of a run summary that failed (finish reason ``"error"``)."""
+    return [m for m, d in ((summary or {}).get("methods") or {}).items() if d.get("finish_reason") == "error"]
+
+
+def _failed(labels: list[str]) -> str:
+    return f"{_names(labels)} failed (see {'its panel' if len(labels) == 1 else 'their panels'})"
+
+
 def lossless_verdict(summary: Mapping) -> str:
     """The lossless half of the verdict: ``"all outputs identical to the baseline"``, which methods
     differ, or why nothing was compared. Empty when only the baseline ran.
@@ -137,11 +146,13 @@ def lossless_verdict(summary: Mapping) -> str:
     checked), ``params`` and ``finish_reason``, and the summary's ``greedy``.
     """
     methods = summary.get("methods") or {}
-    others = {m: d for m, d in methods.items() if m != BASELINE}
+    others = {m: d for m, d in methods.items() if m != BASELINE and d.get("finish_reason") != "error"}
     if not others:
         return ""
     if BASELINE not in methods:
         return "no baseline ran, so no output was compared"
+    if methods[BASELINE].get("finish_reason") == "error":
+        return "the baseline failed, so no output was compared"
     if not summary.get("greedy", True):
         return "sampling: outputs are not compared token for token"
     checkable = {m: d for m, d in others.items() if m in METHODS and is_lossless(m, d.get("params") or {})}
@@ -179,10 +190,13 @@ def run_verdict(summary: Mapping | None) -> str:
     Returns:
         the line; empty when no method produced a token.
     """
-    methods = {m: d for m, d in ((summary or {}).get("methods") or {}).items() if _speed(d.get("stats") or {}) > 0}
+    everyone = (summary or {}).get("methods") or {}
+    failed = [everyone[m]["label"] for m in failed_methods(summary)]
+    methods = {m: d for m, d in everyone.items()
+               if _speed(d.get("stats") or {}) > 0 and d.get("finish_reason") != "error"}
     if not methods:
-        return ""
-    base = (summary or {}).get("baseline_tokens_per_s")
+        return f"{_failed(failed)}." if failed else ""
+    base = (summary or {}).get("baseline_tokens_per_s") if BASELINE not in failed_methods(summary) else None
     others = {m: d for m, d in methods.items() if m != BASELINE}
     if not others:
         head = (f"Only the baseline ran ({_speed(methods[BASELINE]['stats']):.1f} tokens/s): tick a speculative "
@@ -203,6 +217,8 @@ def run_verdict(summary: Mapping | None) -> str:
             head = (f"Fastest: {d['label']}, {_speed(d['stats']):.1f} tokens/s{_tau(d['stats'])} "
                     "(tick Autoregressive to see speedups)")
     tail = lossless_verdict(summary or {})
+    if failed:
+        tail = (f"{tail}; " if tail else "") + _failed(failed)
     return head + (f"; {tail}" if tail else "") + "."
 
 

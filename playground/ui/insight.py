@@ -125,7 +125,6 @@ def draft_panel_markdown(stats: dict | None, k: int | None, verify_cost: theory.
                     "The Advisor tab leaves this draft out: it is as large as the target (a check of the "
                     "machinery, not a speed-up). ") +
                  "These expectations come from Leviathan et al.'s formula with the α and c above (it takes every "
-                 "These expectations come from Leviathan et al.'s formula with the α and c above (it takes every "
                  "position as accepted alike), so they can differ from the speedup this run measured, which is the "
                  "one in the Draft model panel's stats line. "
                  f"Verify cost: {html.escape(verify_cost_source(verify_cost))}.")
@@ -146,10 +145,10 @@ def after_run(summary: dict | None, engine_key: str) -> tuple:
     d = (summary or {}).get("methods", {}).get("draft_model")
     if d is None:
         return (*figs, gr.skip())
-    from .advisor_tab import NO_DRAFT, loaded_draft_b
+    from .advisor_tab import _target_sized_draft
 
     engine = worker.ENGINES.get(engine_key)
-    advised = engine is None or loaded_draft_b(engine) != NO_DRAFT
+    advised = engine is None or not _target_sized_draft(engine)  # the Advisor's own test
     return (*figs, draft_panel_markdown(d["stats"], (d.get("params") or {}).get("k"), verify_cost_for(engine_key),
                                         advised))
 

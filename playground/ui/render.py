@@ -189,7 +189,7 @@ def stats_line(stats: Mapping, *, baseline_tokens_per_s: float | None, is_baseli
         baseline_tokens_per_s: the autoregressive baseline's tokens/s in the same run,
             None when no baseline ran (no speedup shown).
         is_baseline: this method is the baseline (speedup shown as 1.00x).
-        finish_reason: ``"eos"``, ``"length"``, ``"stop"``, ``"cancelled"`` or None while running.
+        finish_reason: ``"eos"``, ``"length"``, ``"stop"``, ``"cancelled"``, ``"error"`` or None while running.
     """
     tps = stats.get("tokens_per_s") or 0.0
     if is_baseline:
@@ -214,7 +214,7 @@ def stats_line(stats: Mapping, *, baseline_tokens_per_s: float | None, is_baseli
               for key, value in (stats.get("drafter") or {}).items() if key not in HIDDEN_DRAFTER_INFO]
     if finish_reason is not None:  # no "running" mark while running: a stopped run's last line must not claim it
         done = {"eos": "done (end of text)", "length": "done (max new tokens)", "stop": "done (stop string)",
-                "cancelled": "stopped"}.get(finish_reason, finish_reason)
+                "cancelled": "stopped", "error": "failed"}.get(finish_reason, finish_reason)
         parts.append(f"_{done}_")
     # The line wraps at the " · " separators and between words of a longer phrase, never between a
     # number and what it counts.

@@ -58,7 +58,11 @@ class RunView:
             self.per_step[m].append(len(event["tokens"]))
         if event["finished"]:
             self.reasons[m] = event["finish_reason"] or "done"
-            if not out.ids:
+            if event.get("error"):  # this method failed; the others ran on (events.round_robin)
+                self.html[m] += render.placeholder(
+                    f"{METHODS[m].label} failed{' here' if out.ids else ' before its first token'}: "
+                    f"{event['error']}. The other methods ran on; the server's log has the details.")
+            elif not out.ids:
                 self.html[m] = render.placeholder("(no text: the model ended its answer at once)")
         for name in self.chosen:
             self.stats_md[name] = self._stats_line(name) if name in self.stats else ""
@@ -90,6 +94,9 @@ class RunView:
         mine, base = self.reasons.get(m), self.reasons.get(BASELINE)
         if mine is None or base is None:
             return render.badge("info", "checked once this method and the baseline have both finished")
+        if "error" in (mine, base):
+            return render.badge("error", "failed: its output is not checked" if mine == "error" else
+                                "the baseline failed: nothing to check this output against")
         b, ids = self.outputs[BASELINE], self.outputs[m].ids
         if "cancelled" in (mine, base):  # stopped: compare the tokens both have
             n = min(len(b.ids), len(ids))

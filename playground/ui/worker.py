@@ -95,7 +95,8 @@ def event_dict(event) -> dict:
             "margins": list(event.margins), "stats": event.stats.as_dict(),
             "point": (event.stats.elapsed_s, event.stats.new_tokens),
             "finished": event.finished, "finish_reason": event.finish_reason,
-            "tree": event.tree.as_dict() if getattr(event, "tree", None) is not None else None}
+            "tree": event.tree.as_dict() if getattr(event, "tree", None) is not None else None,
+            "error": getattr(event, "error", None)}
 
 
 # ----- the functions a GPU runs -----------------------------------------------------------------
