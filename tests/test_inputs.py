@@ -217,3 +217,19 @@ def test_bench_cli_tiny_temperature_is_not_a_traceback(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
         "error: temperature must be 0 (greedy) or in [0.001, 2.0], got 1e-40"]
+
+
+def test_run_arguments_refuses_unknown_methods_and_knobs():
+    """The page's API helper names what it does not know instead of dropping it (a misspelt method
+    reached the server as "no method is ticked"; found by a user)."""
+    from playground.ui import run_arguments
+
+    with pytest.raises(ValueError, match="unknown method 'eagel'"):
+        run_arguments("hi", ["autoregressive", "eagel"])
+    with pytest.raises(ValueError, match="unknown method 'eagel'"):
+        run_arguments("hi", ["autoregressive"], {"eagel": {}})
+    with pytest.raises(ValueError, match="prompt_lookup has no knob 'nope'"):
+        run_arguments("hi", ["prompt_lookup"], {"prompt_lookup": {"nope": 1}})
+    with pytest.raises(ValueError, match="a list of method names"):
+        run_arguments("hi", "prompt_lookup")
+    assert len(run_arguments("hi", ["prompt_lookup"], {"prompt_lookup": {"num_pred_tokens": 4}})) > 10

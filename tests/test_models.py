@@ -305,8 +305,15 @@ def test_engine_load_is_the_one_loading_path():
         assert isinstance(engine.target.model.lm_head, PackedLinear)
     bare = Engine.load("default", device="cpu", dtype="float32", methods=["autoregressive", "lookahead"])
     assert bare.draft is None and bare.medusa is None
+    # An API user is told to name the method when loading, not to pass a command-line flag (found by a user).
+    assert "Engine.load(methods=...) left 'medusa' out" in bare.unavailable_reason("medusa")
+    assert "left 'eagle' out" in bare.unavailable_reason("eagle")
     off = Engine.load("default", "none", "none", device="cpu", dtype="float32")
     assert off.draft is None and off.medusa is None
+    assert "--medusa" in off.unavailable_reason("medusa")  # none asked for: how to load heads
+    for typo in (["eagel"], "eagle"):  # a misspelt name, or one string: refused before any model loads
+        with pytest.raises(ValueError, match="methods must be a list of method names"):
+            Engine.load("default", methods=typo)
     with pytest.raises(ValueError, match="need a draft model"):
         Engine.load("default", "none", "none", draft_medusa="some/heads", device="cpu", dtype="float32")
     preset = presets.load_preset("default", "cpu", "float32")

@@ -155,6 +155,26 @@ def test_advisor_describes_and_applies_the_sessions_models(panel):
     assert adv is not None and "Cannot advise" not in md
 
 
+def test_opening_the_advisor_reads_the_measurements_made_since_the_page_was_built(panel, monkeypatch):
+    """The advice built with the page said the device was not measured; the app times it right after it
+    starts, so opening the tab advises again from this device's curve (found by a user)."""
+    models, server, key = panel
+    monkeypatch.setattr(insight, "VERIFY_COSTS", {})
+    with gr.Blocks() as demo:
+        use = {m: gr.Checkbox() for m in METHODS}
+        knobs = {(m, k.name): gr.Number() for m, info in METHODS.items() for k in info.knobs}
+        with gr.Tab("Advisor", elem_id="tab-advisor") as tab:
+            advisor_tab.build(server, use, knobs, None, models, tab)
+    first = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "advisor-output").value
+    assert "not on this device" in first
+    insight.VERIFY_COSTS[key] = {"table": {str(n): 1.0 + 0.05 * (n - 1) for n in (1, 2, 4, 8, 16, 32, 64)},
+                                 "source": "measured by the test", "origin": "steps"}
+    md, adv = handler(demo, "tab-advisor", "select")(0.36, 0.18, False, "chat", "default", "cpu", True, False,
+                                                      False, key)
+    assert adv is not None, md
+    assert "not on this device" not in md and "this device" in md
+
+
 def test_medusa_tree_checks_use_the_sessions_heads(panel):
     """The custom tree editor checks a tree against the session's Medusa heads (2 here: depth 3 is
     refused), while the server's engine without heads accepts it."""

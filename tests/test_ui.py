@@ -157,16 +157,16 @@ def test_two_concurrent_clients_both_finish(url):
 def test_each_session_learns_from_its_own_runs_only(request):
     """Suffix decoding's cache of earlier outputs (what its drafts, rejected ones included, are made
     of) is kept per browser session: two clients' runs fill two scopes, the unscoped state stays empty."""
-    engine = ui_engine(request)
-    with serve(engine) as u:
-        for prompt in ("Say hello.", "Name a colour."):
-            c = gradio_client.Client(u, verbose=False)
-            assert _done(_run(c, prompt, ["suffix"], params={"suffix": {"budget": "off"}}, max_new_tokens=6)[1])
     from playground.engine.suffix import SuffixCache
 
-    caches = {k.split("/")[0]: v for k, v in engine._persistent.items() if isinstance(v, SuffixCache)}
-    assert len(caches) == 2 and all(k.startswith("learned@") for k in caches), list(engine._persistent)
-    assert all(len(cache) == 1 for cache in caches.values())  # one output each, not both
+    engine = ui_engine(request)
+    with serve(engine) as u:
+        clients = [gradio_client.Client(u, verbose=False) for _ in range(2)]  # open until the check
+        for c, prompt in zip(clients, ("Say hello.", "Name a colour.")):
+            assert _done(_run(c, prompt, ["suffix"], params={"suffix": {"budget": "off"}}, max_new_tokens=6)[1])
+        caches = {k.split("/")[0]: v for k, v in engine._persistent.items() if isinstance(v, SuffixCache)}
+        assert len(caches) == 2 and all(k.startswith("learned@") for k in caches), list(engine._persistent)
+        assert all(len(cache) == 1 for cache in caches.values())  # one output each, not both
 
 
 @pytest.mark.real_model

@@ -22,7 +22,7 @@ from .events import StepEvent, round_robin
 from .learned import LEARNED, MAX_LEARNING_SCOPES, ScopeLRU, check_scope, current_scope, in_scope, scoped_key
 from .penalty import model_generation_settings, model_repetition_penalty
 from .prompt_ids import check_prompt_ids
-from .registry import METHODS, MethodSpec
+from .registry import METHODS, MethodSpec, check_method_names
 from .target import CausalLM
 
 MISSING_PART = {
@@ -99,10 +99,13 @@ class Engine:
         Raises:
             models.ModelLoadError: a model or heads cannot be found or loaded, or a draft with a
                 different tokenizer.
-            ValueError: a bad device or dtype, or draft Medusa heads without a draft.
+            ValueError: a bad device or dtype, draft Medusa heads without a draft, or an unknown
+                name in ``methods``.
         """
         from . import models
         from .medusa import heads_spec, load_heads
+
+        check_method_names(methods)
 
         gc.unfreeze()  # what an earlier load froze (a replaced engine's models) may be collected again
         gc.collect()
@@ -130,8 +133,14 @@ class Engine:
                 raise ValueError("draft Medusa heads need a draft model")
             say(f"loading the draft's Medusa heads {draft_medusa}")
             draft_heads = load_heads(draft_medusa, loaded_draft)
-        eagle_head = cls._load_eagle(target, eagle, loaded, say) if wanted("eagle") else None
+        eagle_spec, eagle_head = cls._eagle_spec(target, eagle), None
+        if eagle_spec and wanted("eagle"):
+            from .eagle import load_eagle
+            say(f"loading the EAGLE head {eagle_spec}")
+            eagle_head = load_eagle(eagle_spec, loaded)
         engine = cls(loaded, loaded_draft, medusa=heads, draft_medusa=draft_heads, eagle=eagle_head)
+        specs = {"draft": draft_spec, "medusa": medusa_spec, "eagle": eagle_spec}
+        engine.left_out = {p for p, spec in specs.items() if spec and not wanted(p)}  # unavailable_reason says so
         # Every object alive now (the libraries, the models) lives as long as the engine: frozen, Python's
         # full garbage collections skip them. Unfrozen, each full collection walked them all (0.1-0.3 s
         # on the 2-vCPU EPYC) and stalled whichever method was stepping at the time.
@@ -139,17 +148,13 @@ class Engine:
         return engine
 
     @staticmethod
-    def _load_eagle(target_spec: str, eagle: str | None, loaded, say: Callable[[str], None]):
-        """The EAGLE head for ``loaded`` (None when the method is not installed or none applies)."""
+    def _eagle_spec(target_spec: str, eagle: str | None) -> str | None:
+        """The EAGLE head to load for the target (None when the method is not installed or none applies)."""
         if "eagle" not in METHODS:
             return None
         from . import eagle as eagle_pkg
 
-        spec = eagle_pkg.head_spec(target_spec, eagle)
-        if not spec:
-            return None
-        say(f"loading the EAGLE head {spec}")
-        return eagle_pkg.load_eagle(spec, loaded)
+        return eagle_pkg.head_spec(target_spec, eagle) or None
 
     # ----- what is loaded and what can run ----------------------------------------------------
     def loaded_parts(self) -> dict[str, bool]:
@@ -190,6 +195,9 @@ class Engine:
             return f"unknown method {method!r}"
         parts = self.loaded_parts()
         missing = [p for p in info.requires if not parts.get(p)]
+        if missing and missing[0] in getattr(self, "left_out", ()):
+            return (f"its {missing[0]} was not loaded: Engine.load(methods=...) left {method!r} out; add it to "
+                    "methods to load what it needs")
         if missing:
             return MISSING_PART.get(missing[0], "no {part} is loaded for {target}").format(
                 target=self.target.name, part=missing[0])

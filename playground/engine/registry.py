@@ -76,6 +76,18 @@ def register(info: MethodInfo) -> MethodInfo:
     return info
 
 
+def check_method_names(methods) -> None:
+    """Check ``methods`` (``Engine.load``'s list of the methods to load models for; None: all).
+
+    Raises:
+        ValueError: a single string instead of a list, or a name that is not a registered method.
+    """
+    unknown = [m for m in methods or () if m not in METHODS]
+    if isinstance(methods, str) or unknown:
+        raise ValueError(f"methods must be a list of method names among {', '.join(METHODS)}; got {methods!r}"
+                         + (f" ({', '.join(map(repr, unknown))} unknown)" if unknown else ""))
+
+
 def is_lossless(method: str, params: dict | None = None) -> bool:
     """Whether ``method`` with ``params`` must match the baseline under greedy decoding."""
     info = METHODS[method]

@@ -18,6 +18,7 @@ import gradio as gr
 from playground import advisor, presets
 from playground.engine import BASELINE, METHODS
 
+from . import wording
 from .wording import choice_label, unavailable_text
 
 log = logging.getLogger(__name__)
@@ -26,9 +27,7 @@ NO_DRAFT = 0.0
 """The draft-size box's value meaning "no same-family smaller model"."""
 
 
-def _size_b(engine, part: str) -> float:
-    """A loaded model's parameter count in billions, to 3 significant digits (0.135, 0.00747)."""
-    return float(f"{engine.parameter_count(part) / 1e9:.3g}")
+_size_b = wording.size_b
 
 
 def target_size_b(engine) -> float:
@@ -39,13 +38,7 @@ def target_size_b(engine) -> float:
         return 0.135
 
 
-def _target_sized_draft(engine) -> bool:
-    """Whether the engine's draft is as large as its target (the Models tab's "the target itself", a
-    check of the machinery): no draft to advise on, as the advisor refuses such a draft."""
-    try:
-        return engine.draft is not None and _size_b(engine, "draft") >= _size_b(engine, "target")
-    except AttributeError:  # sizes unknown: a draft is smaller than its target
-        return False
+_target_sized_draft = wording.target_sized_draft  # no draft to advise on: the advisor refuses such a draft
 
 
 def loaded_draft_b(engine) -> float:
@@ -311,7 +304,7 @@ def preset_sizes(engine, name: str) -> tuple:
     return p.params_b, draft_b_value, bool(p.medusa), here and has_draft, here and has_medusa, here and has_eagle
 
 
-def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None, models=None) -> None:
+def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None, models=None, tab=None) -> None:
     """Lay the tab out and wire Apply to the Playground tab's ``use`` checkboxes and ``knobs`` sliders.
 
     Args:
@@ -322,6 +315,8 @@ def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None, mode
         models: the Models tab's :class:`~.models_tab.ModelsPanel`: the handlers use the session's
             engine (its ``key`` state is their last input) and the inputs describing the loaded models
             follow a load; None: ``engine``.
+        tab: the ``gr.Tab`` holding this one: opening it refreshes the advice, so it reads the
+            measurements made since the page was built (the device's timing right after the start).
     """
     device = "cpu" if str(engine.target.device) == "cpu" else "gpu"
     gr.Markdown("Tell the advisor about your deployment; it recommends a method and settings, with the rule behind "
@@ -389,6 +384,9 @@ def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None, mode
         return (*advise(chosen, *values, summary=rest[0] if run else None, engine_key=k), "")
 
     go_btn.click(advise_and_clear, inputs + run + key, [out, state, applied], api_visibility="private", queue=False)
+    if tab is not None:  # the advice built with the page predates this device's timing
+        tab.select(lambda *v: advise_and_clear(*v)[:2], inputs + run + key, [out, state], api_visibility="private",
+                   queue=False)
     for comp in inputs + run:
         comp.change(advise_and_clear, inputs + run + key, [out, state, applied], api_visibility="private",
                     queue=False)

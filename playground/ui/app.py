@@ -362,8 +362,8 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
                 bench_tab.build(engine, models)
             with gr.Tab("Theory", id="theory", elem_id="tab-theory") as theory:
                 theory_tab.build(engine, last_run, theory, models)
-            with gr.Tab("Advisor", id="advisor", elem_id="tab-advisor"):
-                advisor_tab.build(engine, use, dict(zip(_knob_keys(), knobs)), last_run, models)
+            with gr.Tab("Advisor", id="advisor", elem_id="tab-advisor") as advisor_page:
+                advisor_tab.build(engine, use, dict(zip(_knob_keys(), knobs)), last_run, models, advisor_page)
             if vllm is not None:  # a vllm_panel.VLLMSession (app.py --vllm / --vllm-url)
                 from . import vllm_panel
                 with gr.Tab("vLLM", id="vllm", elem_id="tab-vllm"):

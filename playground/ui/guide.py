@@ -45,8 +45,9 @@ DRAFTER_TERMS: tuple[tuple[str, str], ...] = (
     ("steps with a datastore hit", "REST: steps where the target accepted at least one retrieved token."),
     ("tokens accepted from …", "Mixture: accepted guesses counted by the drafter that proposed them."),
     ("mean tree nodes per step", "EAGLE: candidate tokens the target checked in one pass, on average."),
-    ("Per-head acceptance", "Medusa: for each head (head k guesses the token k places ahead), the share of steps "
-                            "where its guess was accepted."),
+    ("Per-head acceptance", "Medusa: for each head (head k guesses the token k places ahead), the share of the "
+                            "steps that verified its guesses (steps the budget or the draft gate left plain "
+                            "do not count) where one of them was accepted."),
 )
 """The drafters' own counts after the stats line (``render.DRAFTER_INFO_LABELS``) and Medusa's per-head line."""
 
@@ -206,13 +207,13 @@ def run_verdict(summary: Mapping | None) -> str:
         d = others[best]
         ratio, _ = overall_figures(d["stats"], base)
         if ratio is not None:
-            if ratio >= 1 or len(others) == 1:
+            if ratio >= 1:
                 head = f"Fastest: {d['label']}, {ratio:.2f}× the baseline{_tau(d['stats'])}"
+            elif len(others) == 1:
+                head = f"{d['label']} ran at {ratio:.2f}× the baseline{_tau(d['stats'])} (slower than plain decoding)"
             else:
                 head = (f"No method beat the baseline; the closest: {d['label']}, {ratio:.2f}× the baseline"
                         f"{_tau(d['stats'])}")
-            if ratio < 1 and len(others) == 1:
-                head += " (slower than plain decoding)"
         else:
             head = (f"Fastest: {d['label']}, {_speed(d['stats']):.1f} tokens/s{_tau(d['stats'])} "
                     "(tick Autoregressive to see speedups)")

@@ -55,11 +55,25 @@ def run_arguments(prompt: str, methods: list[str], params: dict[str, dict] | Non
 
         client.submit(*run_arguments("Hi", ["autoregressive", "prompt_lookup"], max_new_tokens=32),
                       api_name="/run")
+
+    Raises:
+        TypeError: an unknown generation setting.
+        ValueError: an unknown method (in ``methods`` or ``params``) or knob name, or ``methods``
+            given as one string.
     """
     params = params or {}
     unknown = set(generation) - {k.name for k in GENERATION_KNOBS} - {STOP_INPUT, PENALTY_INPUT}
     if unknown:
         raise TypeError(f"unknown generation settings {sorted(unknown)}")
+    if isinstance(methods, str):
+        raise ValueError(f"methods must be a list of method names, got the string {methods!r}")
+    names = [m for m in [*methods, *params] if m not in METHODS]
+    if names:
+        raise ValueError(f"unknown method {names[0]!r}: choose from {', '.join(METHODS)}")
+    for m, knobs in params.items():
+        bad = sorted(set(knobs) - {k.name for k in METHODS[m].knobs})
+        if bad:
+            raise ValueError(f"{m} has no knob {bad[0]!r}; its knobs: {', '.join(k.name for k in METHODS[m].knobs)}")
     args: list = [prompt] + [m in methods for m in METHODS]
     args += [params.get(m, {}).get(k.name, k.default) for m, info in METHODS.items() for k in info.knobs]
     stops = generation.get(STOP_INPUT, "")

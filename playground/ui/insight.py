@@ -19,7 +19,7 @@ from playground.engine import METHODS
 from playground.engine import LOOKAHEAD_PRESETS
 from playground.advisor_figures import measure_draft
 
-from . import charts, worker
+from . import charts, wording, worker
 
 VERIFY_COSTS: dict[str, dict] = {}
 """Engine key -> the engine's kept verify cost (``Engine.verify_cost().as_dict()``) as the Theory tab
@@ -145,10 +145,8 @@ def after_run(summary: dict | None, engine_key: str) -> tuple:
     d = (summary or {}).get("methods", {}).get("draft_model")
     if d is None:
         return (*figs, gr.skip())
-    from .advisor_tab import _target_sized_draft
-
     engine = worker.ENGINES.get(engine_key)
-    advised = engine is None or not _target_sized_draft(engine)  # the Advisor's own test
+    advised = engine is None or not wording.target_sized_draft(engine)  # the Advisor's own test
     return (*figs, draft_panel_markdown(d["stats"], (d.get("params") or {}).get("k"), verify_cost_for(engine_key),
                                         advised))
 

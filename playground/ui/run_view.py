@@ -79,6 +79,9 @@ class RunView:
     def _badge(self, m: str) -> str:
         info = METHODS[m]
         if m == BASELINE:
+            if not self.greedy:
+                return render.badge("info", "the baseline: under sampling no output is checked against it token "
+                                            "for token (each method keeps the target's distribution)")
             return render.badge("info", "this is the reference output the other methods are checked against")
         if not info.lossless:
             return render.badge("info", "this method is not lossless by design: its output may differ")

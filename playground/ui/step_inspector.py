@@ -197,7 +197,9 @@ def tree_html(engine, method: str, step: int, record: dict | None, kept: list[in
             f"{len(path)} accepted, then the target's own token {bonus} → "
             f"{render.plural(len(path) + 1, 'token')}. Drafting {ms(tree['draft_s'])}, verifying "
             f"{ms(tree['verify_s'])} (one target pass over {render.plural(pass_size, 'token')}: the last "
-            f"token and the candidates{extra}).")
+            f"token{' and the candidates' if n else ''}{extra}).")
+    if not n:
+        head += " Nothing was proposed: a plain step (the drafter or the per-step budget judged no guess worth its cost)."
     if record.get("finished") and len(record["emitted"]) < len(path) + 1:
         head += f" The output ended within this step: {render.plural(len(record['emitted']), 'token')} kept."
     if n == 0:

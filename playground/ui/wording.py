@@ -10,6 +10,20 @@ from __future__ import annotations
 
 from playground.engine import METHODS
 
+def size_b(engine, part: str) -> float:
+    """A loaded model's parameter count in billions, to 3 significant digits (0.135, 0.00747)."""
+    return float(f"{engine.parameter_count(part) / 1e9:.3g}")
+
+
+def target_sized_draft(engine) -> bool:
+    """Whether the engine's draft is as large as its target (the Models tab's "the target itself", a
+    check of the machinery, not a speed-up: the Advisor leaves it out)."""
+    try:
+        return engine.draft is not None and size_b(engine, "draft") >= size_b(engine, "target")
+    except AttributeError:  # sizes unknown: a draft is smaller than its target
+        return False
+
+
 MISSING_PART_TEXT = {
     "draft": "no draft model is loaded for {target}: it needs a smaller model with the same tokenizer, loaded "
              "with the target",
