@@ -236,10 +236,10 @@ def time_split_figure(split: Mapping[str, tuple[float, float]]) -> go.Figure:
         go.Bar(y=labels, x=[round(split[lb][1], 4) for lb in labels], name="verifying (target pass)",
                orientation="h", marker_color="#3b82f6"),
     ])
-    # No y-axis title: the method names label the bars, and a title overlapped the longest of them.
-    fig = _layout(fig, "Draft vs verify time (decode steps)", "time (s)", "")
+    fig = _layout(fig, "Draft vs verify time (decode steps)", "time (s)", "method")
     fig.update_layout(barmode="stack")
-    fig.update_yaxes(rangemode="normal", automargin=True)
+    # The margin grows to fit the longest method name and the title beside it (they overlapped).
+    fig.update_yaxes(rangemode="normal", automargin=True, title_standoff=10)
     return fig
 
 
