@@ -192,12 +192,13 @@ def run_verdict(summary: Mapping | None) -> str:
         the line; empty when no method produced a token.
     """
     everyone = (summary or {}).get("methods") or {}
-    failed = [everyone[m]["label"] for m in failed_methods(summary)]
+    failed_keys = failed_methods(summary)
+    failed = [everyone[m]["label"] for m in failed_keys]
     methods = {m: d for m, d in everyone.items()
-               if _speed(d.get("stats") or {}) > 0 and d.get("finish_reason") != "error"}
+               if _speed(d.get("stats") or {}) > 0 and m not in failed_keys}
     if not methods:
         return f"{_failed(failed)}." if failed else ""
-    base = (summary or {}).get("baseline_tokens_per_s") if BASELINE not in failed_methods(summary) else None
+    base = (summary or {}).get("baseline_tokens_per_s") if BASELINE not in failed_keys else None
     others = {m: d for m, d in methods.items() if m != BASELINE}
     if not others:
         head = (f"Only the baseline ran ({_speed(methods[BASELINE]['stats']):.1f} tokens/s): tick a speculative "
