@@ -151,3 +151,15 @@ def test_the_benchmark_runs_in_a_thread_that_ends_with_it():
     assert seen and seen[0] is not caller
     seen[0].join(5)
     assert not seen[0].is_alive()
+
+
+def test_a_stopped_run_keeps_its_counts_and_says_stopped():
+    """Once a run's event ends, a bar still marked running (a Stop ended it mid-question; it kept
+    "question N, turn 1: every method in turn") keeps its counts and says "stopped"; a finished
+    run's bar and a bar that is not a running one are left as they are."""
+    bar = bench_tab.progress_html(7, 20, "question 81, turn 1: every method in turn", running=True)
+    after = bench_tab.ended_progress(bar)
+    assert after == bench_tab.progress_html(7, 20, "stopped")
+    assert "7/20 runs (35%) stopped" in after and "question 81" not in after
+    for left in (bench_tab.progress_html(20, 20, "done"), bench_tab.progress_html(0, 0, "not started"), None):
+        assert bench_tab.ended_progress(left) == bench_tab.gr.skip()

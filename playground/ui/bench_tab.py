@@ -211,12 +211,22 @@ def load_leaderboard(path: Path = LEADERBOARD_CSV) -> tuple[list[str], list[list
     return (rows[0], rows[1:]) if rows else ([], [])
 
 
-def progress_html(done: int, total: int, text: str) -> str:
-    """A progress bar with ``done / total`` runs and a note."""
-    pct = 100 * done / total if total else 0
-    return (f'<div id="bench-bar" style="display:flex;align-items:center;gap:10px">'
+def progress_html(done: int, total: int, text: str, running: bool = False) -> str:
+    """A progress bar with ``done / total`` runs and a note, marked while a benchmark is ``running``."""
+    pct, mark = (100 * done / total if total else 0), (' data-running="1"' if running else "")
+    return (f'<div id="bench-bar"{mark} style="display:flex;align-items:center;gap:10px">'
             f'<progress max="{total}" value="{done}" style="width:260px;height:14px"></progress>'
             f"<span>{done}/{total} runs ({pct:.0f}%) {html.escape(text)}</span></div>")
+
+
+def ended_progress(bar: str | None):
+    """The bar (:func:`progress_html`'s HTML) once a benchmark's event has ended: as it is if its run
+    finished, else (a Stop, a warning or an error ended it) its counts with the note "stopped"."""
+    if 'data-running="1"' not in (bar or ""):
+        return gr.skip()
+    m = re.search(r'<progress max="(\d+)" value="(\d+)"', bar)
+    done, total = (int(m.group(2)), int(m.group(1))) if m else (0, 0)
+    return progress_html(done, total, "stopped")
 
 
 def _write_files(records: list[dict], folder: Path) -> tuple[str, str]:
@@ -327,7 +337,7 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
                 continue
             if item["type"] == "start":  # every run check passed
                 total = item["runs"]
-                bar = progress_html(0, total, "warming up…" if warmup else "starting…")
+                bar = progress_html(0, total, "warming up…" if warmup else "starting…", running=True)
                 yield (status_text(f"Running {', '.join(method_title(m) for m in names)} on "
                                    f"{render.plural(len(questions), 'question')}…"), bar, *(gr.skip(),) * 6)
                 continue
@@ -337,11 +347,11 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
                 return
             if item["type"] == "tick":  # every method stepping in turn on a question; records come at its end
                 note = f"question {item['question_id']}, turn {item['turn'] + 1}: every method in turn"
-                yield (gr.skip(), progress_html(done, total, note), *(gr.skip(),) * 6)
+                yield (gr.skip(), progress_html(done, total, note, running=True), *(gr.skip(),) * 6)
                 continue
             if item["type"] == "skip":
                 done += item["runs"]
-                yield (status_text(item["message"]), progress_html(done, total, "skipped"), *(gr.skip(),) * 6)
+                yield (status_text(item["message"]), progress_html(done, total, "skipped", running=True), *(gr.skip(),) * 6)
                 continue
             rec = item["record"]
             records.append(rec)
@@ -350,7 +360,7 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
                 continue
             note = f"question {rec['question_id']}, turn {rec['turn'] + 1}: every method done"
             yield _outputs(status_text(f"Running… {render.plural(len(records), 'run')} done"),
-                           progress_html(done, total, note), records, _write_files(records, folder))
+                           progress_html(done, total, note, running=True), records, _write_files(records, folder))
         yield _outputs(status_text(f"Done: {render.plural(len(records), 'run')} in {time.perf_counter() - t0:.0f} s "
                                    f"(greedy, max new tokens {max_new})."), progress_html(done, total, "done"),
                        records, _write_files(records, folder) if records else (None, None))
@@ -480,11 +490,11 @@ def build(engine, models=None) -> None:
     event = armed.then(run, [qset, upload, cats, methods, per_category, max_new, warmup, *knob_inputs, *key],
                        [status, bar, table, detail, speed_plot, tau_plot, csv_file, jsonl_file],
                        api_name="benchmark", concurrency_id="engine")
-    idle = (lambda: (gr.Button(interactive=True), gr.Button(interactive=False)))
-    event.then(idle, None, [run_btn, stop_btn], api_visibility="private", queue=False)
-    event.failure(idle, None, [run_btn, stop_btn], api_visibility="private", queue=False)  # .then skips errors
-    # Run comes back only when the cancelled run has ended (the .then above): enabled at once, a click
-    # while the old run was still pending was dropped.
+    # A bar still "running" then says "stopped" (set here: a last update would overwrite Stop's).
+    idle = (lambda b: (gr.Button(interactive=True), gr.Button(interactive=False), ended_progress(b)))
+    event.then(idle, bar, [run_btn, stop_btn, bar], api_visibility="private", queue=False)
+    event.failure(idle, bar, [run_btn, stop_btn, bar], api_visibility="private", queue=False)  # .then skips errors
+    # Run comes back when the cancelled run has ended (.then above; a click while it was pending was dropped).
     stopped = "Stopped. Downloads hold every turn that all methods finished."
     stop_btn.click(lambda: (stopped, gr.Button(interactive=False)), None, [status, stop_btn], cancels=[event],
                    api_visibility="private", queue=False)

@@ -148,3 +148,15 @@ def test_tiny_run_on_an_uploaded_file_reads_well(page, tmp_path):
     expect(page.locator("#bench-speedup")).to_contain_text("Prompt lookup")
     for where in ("#bench-table", "#bench-detail", "#bench-categories", "#bench-speedup", "#bench-status"):
         assert page.locator(f"{where} b").filter(has_text="bold").count() == 0, f"{where} rendered the markup"
+
+    # Stopped mid-question: the bar keeps its counts and says so (it kept "question N: every method in turn").
+    new.fill("200")
+    new.press("Enter")
+    page.locator("#bench-run").click()
+    bar = page.locator("#bench-progress")
+    expect(bar).to_contain_text("every method in turn", timeout=RUN_TIMEOUT_MS)
+    page.locator("#bench-stop").click()
+    expect(page.locator("#bench-status")).to_contain_text("Stopped", timeout=30_000)
+    expect(bar).to_contain_text("stopped")
+    expect(bar).not_to_contain_text("every method in turn")
+    expect(page.locator("#bench-run")).to_be_enabled(timeout=60_000)
