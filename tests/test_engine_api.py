@@ -85,7 +85,7 @@ def test_empty_and_too_long_prompts_are_rejected(engine, models):
         engine.encode_prompt("   \n")
     with pytest.raises(ValueError, match="the prompt is empty"):
         engine.encode_prompt([{"role": "user", "content": " "}])
-    with pytest.raises(ValueError, match=r"the prompt is 60 tokens; with max_new_tokens=8 it exceeds the model's "
+    with pytest.raises(ValueError, match=r"the prompt is 60 tokens; with 8 max new tokens it exceeds the model's "
                                          r"context of 64 tokens"):
         next(engine.run([1] * 60, [MethodSpec("autoregressive")], settings))
     target = CausalLM(models[0])

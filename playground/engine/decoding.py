@@ -177,7 +177,7 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
     if not prompt_ids:
         raise ValueError("the prompt is empty: give at least one token")
     if context_length is not None and len(prompt_ids) + settings.max_new_tokens > context_length:
-        raise ValueError(f"the prompt is {len(prompt_ids)} tokens; with max_new_tokens={settings.max_new_tokens} it "
+        raise ValueError(f"the prompt is {len(prompt_ids)} tokens; with {settings.max_new_tokens} max new tokens it "
                          f"exceeds the model's context of {context_length} tokens")
     if settings.stop_strings and tokenizer is None:
         raise ValueError("stop strings need a tokenizer to read the output's text")

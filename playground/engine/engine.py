@@ -437,7 +437,7 @@ class Engine:
         prompt_ids = self.check_prompt_ids(prompt_ids)
         ctx = self.target.context_length
         if len(prompt_ids) + settings.max_new_tokens > ctx:
-            raise ValueError(f"the prompt is {len(prompt_ids)} tokens; with max_new_tokens={settings.max_new_tokens} "
+            raise ValueError(f"the prompt is {len(prompt_ids)} tokens; with {settings.max_new_tokens} max new tokens "
                              f"it exceeds the model's context of {ctx} tokens")
         scope = check_scope(scope)
         return prompt_ids, [self.make_drafter(s, scope) for s in specs], settings
