@@ -163,3 +163,15 @@ def test_a_stopped_run_keeps_its_counts_and_says_stopped():
     assert "7/20 runs (35%) stopped" in after and "question 81" not in after
     for left in (bench_tab.progress_html(20, 20, "done"), bench_tab.progress_html(0, 0, "not started"), None):
         assert bench_tab.ended_progress(left) == bench_tab.gr.skip()
+
+
+def test_alpha_reads_as_a_percentage_as_on_the_playground():
+    """The detail table shows alpha as the Playground's stats line does (``52%``), not as the CLI's
+    fraction; the numbers underneath stay as the benchmark printed them (the downloads keep fractions)."""
+    header = list(bench_tab.DETAIL_HEADER)
+    line = ["writing", "prompt_lookup", 2, 128, "21.9", "1.36x", "1.58", "0.523", "yes"]
+    assert len(line) == len(header)
+    shown = bench_tab.table_value(header, [line, [*line[:7], "-", "yes"]]).to_html()
+    assert "52%" in shown and "0.523" not in shown and "1.36×" in shown
+    assert [bench_tab.render.percent_text(x) for x in (0.5234, "1.000", "-", None, float("nan"))] == \
+        ["52%", "100%", "-", "-", "-"]

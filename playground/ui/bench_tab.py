@@ -167,8 +167,8 @@ def number_text(x) -> str:
 
 
 def table_value(header: list[str], lines: list[list]):
-    """A read-only table's value: the numbers as they are (``value["data"]``), shown formatted
-    through a pandas Styler (Gradio's display values): speedups ``1.47×``, others ``1.20``.
+    """A read-only table's value: the numbers as they are (``value["data"]``), shown formatted through
+    a pandas Styler (Gradio's display values): speedups ``1.47×``, alpha ``52%``, others ``1.20``.
 
     ``header`` holds the benchmark's column names (``tau``, ``writing speedup``); the table shows
     them as :func:`column_title` words, and method names as their page labels."""
@@ -178,8 +178,8 @@ def table_value(header: list[str], lines: list[list]):
     shown = [[method_title(v) if c == "method" else category_title(v) if c == "category" else v
               for c, v in zip(header, line)] for line in lines]
     df = pd.DataFrame(shown, columns=titles)
-    formats = {t: speedup_text if "speedup" in c else number_text for c, t in zip(header, titles)
-               if c in ("speedup", "tau", "tokens/s") or c.endswith(" speedup")}
+    formats = {t: speedup_text if "speedup" in c else render.percent_text if c == "alpha" else number_text
+               for c, t in zip(header, titles) if c in ("speedup", "tau", "tokens/s", "alpha") or c.endswith(" speedup")}
     return df.style.format(formats, na_rep="-").hide(axis="index")
 
 

@@ -146,6 +146,16 @@ def _num(x: float | None, fmt: str, missing: str = "–") -> str:
     return missing if x is None else format(x, fmt)
 
 
+def percent_text(x) -> str:
+    """An acceptance rate alpha (a fraction, or the CLI's printed cell ``0.523``) as the page shows it
+    everywhere: ``52%``; ``-`` when there is none (no drafted token, or not a number)."""
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return "-"
+    return "-" if x != x else f"{100 * x:.0f}%"
+
+
 DRAFTER_INFO_LABELS: dict[str, tuple[str, str]] = {
     "pool_ngrams": ("n-gram in the pool", "n-grams in the pool"),
     "pool_hits": ("step with a pool hit", "steps with a pool hit"),
