@@ -63,6 +63,7 @@ class Engine:
         self.draft_medusa = draft_medusa
         self.eagle = eagle
         self.datastore = datastore
+        self.left_out: set[str] = set()  # parts Engine.load was told to leave out (unavailable_reason)
         self._lock = threading.RLock()  # one step (or one calibration) at a time
         self._persistent: dict[str, Any] = {}
         self._scopes = ScopeLRU(MAX_LEARNING_SCOPES)  # scopes whose learned state is kept (learned.py)
@@ -195,7 +196,7 @@ class Engine:
             return f"unknown method {method!r}"
         parts = self.loaded_parts()
         missing = [p for p in info.requires if not parts.get(p)]
-        if missing and missing[0] in getattr(self, "left_out", ()):
+        if missing and missing[0] in self.left_out:
             return (f"its {missing[0]} was not loaded: Engine.load(methods=...) left {method!r} out; add it to "
                     "methods to load what it needs")
         if missing:
@@ -340,7 +341,7 @@ class Engine:
     def replace_models(self, other: "Engine") -> None:
         """Take ``other``'s models (a preset switch), between two steps of any run in flight."""
         with self._lock:
-            for name in ("target", "draft", "target_lm", "draft_lm", "medusa", "draft_medusa", "eagle"):
+            for name in ("target", "draft", "target_lm", "draft_lm", "medusa", "draft_medusa", "eagle", "left_out"):
                 setattr(self, name, getattr(other, name))
             self.forget()
 
