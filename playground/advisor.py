@@ -330,7 +330,10 @@ def advise(s: Situation, verify_cost=None) -> Advice:
     if s.draft_b is not None and big_enough and "draft_model" in (primary, *extra):
         ratio = s.target_b / s.draft_b
         if draft_ratio_ok(s.target_b, s.draft_b):
-            reasons.append(("draft_size", f"your draft is {ratio:.1f}x smaller than the target: inside the 5-10x rule"))
+            lo, hi = DRAFT_RATIO_RANGE
+            where = (f"inside the {lo:g}-{hi:g}x rule" if lo <= ratio <= hi else  # else one of the rule's examples
+                     "as in the rule's examples (" + ", ".join(f"{t:g} B -> {d:g} B" for t, d in DRAFT_SIZE_EXAMPLES_B.items()) + ")")
+            reasons.append(("draft_size", f"your draft is {ratio:.1f}x smaller than the target: {where}"))
         else:
             want = suggested_draft_size_b(s.target_b)
             side = "too large (slow to run)" if ratio < DRAFT_RATIO_RANGE[0] else "very small (rarely accepted)"

@@ -40,6 +40,11 @@ def test_rule_same_family_draft_and_size_rule():
         assert "same_family_draft" in adv.rule_ids() and "draft_size" in adv.rule_ids()
         assert advisor.suggested_draft_size_b(target_b) == draft_b
         assert advisor.draft_ratio_ok(target_b, draft_b)
+    # A ratio outside 5-10x that the rule's examples allow is not called "inside the 5-10x rule"
+    # (Llama-2-70B with a 6.8 B draft: 10.3x).
+    assert "inside the 5-10x rule" in dict(advisor.advise(advisor.Situation(60, 7)).reasons)["draft_size"]
+    said = dict(advisor.advise(advisor.Situation(70, 6.8)).reasons)["draft_size"]
+    assert "10.3x" in said and "inside" not in said and "70 B -> 7 B" in said, said
     assert not advisor.draft_ratio_ok(7, 3.5)
     adv = advisor.advise(advisor.Situation(7, 3.5))
     assert "too large" in dict(adv.reasons)["draft_size"]
