@@ -182,6 +182,25 @@ def test_advisor_tab_number_boxes_leave_bounds_to_the_handler_and_apply_confirms
     assert "Nothing applied" in advisor_tab.apply_values(engine, None, _knob_keys())[-1]
 
 
+def test_theory_tab_without_a_usable_alpha_or_c_still_draws_its_curves_and_says_why():
+    """An emptied, non-numeric or out-of-range alpha or c (typed in the number box) gives a message
+    naming the input and its range instead of the optimal K, and the curves are still drawn (Gradio's
+    stock slider raised in preprocess: a server traceback, an error toast and no chart)."""
+    from playground.ui import knobs, theory_tab
+
+    for alpha, c, said in ((None, 0.05, "Acceptance rate α: give a number from 0 to 1 (got nothing)"),
+                           ("abc", 0.05, "Acceptance rate α: give a number from 0 to 1 (got abc)"),
+                           (1.5, 0.05, "Acceptance rate α: give a number from 0 to 1 (got 1.5)"),
+                           (0.7, -0.3, "Draft cost c: give a number from 0 to 1 (got -0.3)")):
+        fig, md = theory_tab.render(alpha, c, [2, 4], [0.05], theory_tab.CONSTANT, None, "test-theory-inputs")
+        assert said in md and "Optimal K" not in md and "Cannot compute" not in md, md
+        assert len(fig.data) == 2
+    fig, md = theory_tab.render(0.7, 0.05, [2, 4], [0.05], theory_tab.CONSTANT, None, "test-theory-inputs")
+    assert "Optimal K for α = 70%, c = 0.05" in md
+    # The page's inputs leave the range check to the tab (and clamp a typed value with a message).
+    assert knobs.KnobSlider(0, 1).preprocess(None) is None and knobs.KnobSlider(0, 1).preprocess(1.5) == 1.5
+
+
 def test_theory_tab_shows_a_non_decreasing_verify_cost():
     """A measured spike (2 tokens timed far above 1 and 3, as on a busy machine) is shown capped at its
     neighbours, with the raw timing and a word that such timings are noisy; it does not lift 3 and 5."""

@@ -28,6 +28,7 @@ from playground.engine import BASELINE, METHODS, Knob, MethodSpec
 from . import charts, models_tab, render, worker
 from .knobs import LooseCheckboxGroup, knob_input
 from .run_control import EventPump
+from .bench_view import ended_progress, progress_html, status_text  # noqa: F401 (the tab's names)
 from .toast import warning
 
 SETS = {"Spec-Bench dev (bundled)": "spec_bench", "HumanEval dev (bundled)": "humaneval"}
@@ -55,6 +56,8 @@ COLUMN_TITLES = {"method": "Method", "category": "Category", "runs": "Runs", "to
                  "device": "GPU", "model": "Model", "mean_accepted_tokens": "τ (mean accepted tokens)",
                  "overall_speedup": "Overall speedup"}
 """Page titles of the table columns (the benchmark's own column names are short ids)."""
+SPEED_TITLE, TAU_TITLE = "Speedup over autoregressive, by category", "Tau per method"
+"""Titles of the tab's two charts before a run (the charts of a run have their own)."""
 CATEGORY_TITLES = {"qa": "QA", "rag": "RAG", "stem": "STEM", "humaneval": "HumanEval", "mt_bench": "MT-bench"}
 
 
@@ -211,24 +214,6 @@ def load_leaderboard(path: Path = LEADERBOARD_CSV) -> tuple[list[str], list[list
     return (rows[0], rows[1:]) if rows else ([], [])
 
 
-def progress_html(done: int, total: int, text: str, running: bool = False) -> str:
-    """A progress bar with ``done / total`` runs and a note, marked while a benchmark is ``running``."""
-    pct, mark = (100 * done / total if total else 0), (' data-running="1"' if running else "")
-    return (f'<div id="bench-bar"{mark} style="display:flex;align-items:center;gap:10px">'
-            f'<progress max="{total}" value="{done}" style="width:260px;height:14px"></progress>'
-            f"<span>{done}/{total} runs ({pct:.0f}%) {html.escape(text)}</span></div>")
-
-
-def ended_progress(bar: str | None):
-    """The bar (:func:`progress_html`'s HTML) once a benchmark's event has ended: as it is if its run
-    finished, else (a Stop, a warning or an error ended it) its counts with the note "stopped"."""
-    if 'data-running="1"' not in (bar or ""):
-        return gr.skip()
-    m = re.search(r'<progress max="(\d+)" value="(\d+)"', bar)
-    done, total = (int(m.group(2)), int(m.group(1))) if m else (0, 0)
-    return progress_html(done, total, "stopped")
-
-
 def _write_files(records: list[dict], folder: Path) -> tuple[str, str]:
     jsonl, csv_path = folder / "results.jsonl", folder / "results.csv"
     jsonl.write_text(bench.to_jsonl(records), encoding="utf-8")
@@ -246,12 +231,6 @@ def _outputs(status: str, bar, records: list[dict], files=(None, None)) -> tuple
             gr.Dataframe(value=table_value(DETAIL_HEADER, detail), headers=[column_title(c) for c in DETAIL_HEADER]),
             charts.bench_speedup_figure(shown, baseline=method_title(BASELINE)), charts.bench_tau_figure(shown),
             files[0], files[1])
-
-
-def status_text(text: str) -> str:
-    """The tab's status line: the text escaped (a question id or category from an uploaded file is
-    shown as it is, never as markup)."""
-    return f'<span class="bench-status-text">{html.escape(text)}</span>'
 
 
 def _checked(knob: Knob, value):
@@ -445,9 +424,9 @@ def build(engine, models=None) -> None:
                          label="Leaderboard (speedup per category and overall, as Spec-Bench lays it out)",
                          elem_id="bench-table", interactive=False, wrap=True)
     with gr.Row():
-        speed_plot = gr.Plot(charts.empty_figure("Speedup over autoregressive, by category", "run a benchmark"),
+        speed_plot = gr.Plot(charts.empty_figure(SPEED_TITLE, "run a benchmark"),
                              show_label=False, elem_id="bench-speedup")
-        tau_plot = gr.Plot(charts.empty_figure("Tau per method", "run a benchmark"), show_label=False,
+        tau_plot = gr.Plot(charts.empty_figure(TAU_TITLE, "run a benchmark"), show_label=False,
                            elem_id="bench-tau")
     detail = gr.Dataframe(headers=[column_title(c) for c in DETAIL_HEADER], value=None, label="Per category",
                           elem_id="bench-detail", interactive=False, wrap=True)
@@ -485,8 +464,14 @@ def build(engine, models=None) -> None:
         models.follow(lambda e, _key: follow_models(e), [], [methods, *knob_inputs])
     # Stop is enabled only while a benchmark runs (as on the Playground): pressed with nothing running
     # it said "Stopped" beside "0/0 runs, not started".
-    armed = run_btn.click(lambda: (gr.Button(interactive=False), gr.Button(interactive=True)), None,
-                          [run_btn, stop_btn], api_visibility="private", queue=False)
+    # Run also clears the last run's results (after a Stop they read as this run's partial results).
+    def arm():  # updates made when Run is pressed (a component made while building would join the page)
+        running = "running: results come as each question ends"
+        return (gr.Button(interactive=False), gr.Button(interactive=True),
+                gr.Dataframe(value=None, headers=table.headers), gr.Dataframe(value=None, headers=detail.headers),
+                charts.empty_figure(SPEED_TITLE, running), charts.empty_figure(TAU_TITLE, running), None, None)
+    results = [table, detail, speed_plot, tau_plot, csv_file, jsonl_file]
+    armed = run_btn.click(arm, None, [run_btn, stop_btn, *results], api_visibility="private", queue=False)
     event = armed.then(run, [qset, upload, cats, methods, per_category, max_new, warmup, *knob_inputs, *key],
                        [status, bar, table, detail, speed_plot, tau_plot, csv_file, jsonl_file],
                        api_name="benchmark", concurrency_id="engine")

@@ -22,8 +22,9 @@ import gradio as gr
 
 from playground.engine import theory
 from playground.engine import MAX_SPECULATIVE_TOKENS
+from playground.engine.limits import Knob
 
-from . import charts, insight, worker
+from . import charts, insight, knobs, worker
 from .run_control import in_joined_thread
 
 K_CHOICES = [1, 2, 3, 4, 6, 8, 12, 16]
@@ -34,6 +35,22 @@ MEASURE_SIZES = sorted({*theory.DEFAULT_MEASURE_SIZES, MAX_SPECULATIVE_TOKENS + 
 """Tokens per forward shown in the tab's cost row: K + 1 for K = 1, 2, 4, 8, 16 (the engine's curve
 is measured at ``theory.VERIFY_COST_SIZES``, which hold these)."""
 ALPHAS = [i / 100 for i in range(0, 101)]
+ALPHA_KNOB = Knob("alpha", "Acceptance rate α (for the optimal K)", 0.0, 1.0, 0.7, step=0.01, integer=False)
+C_KNOB = Knob("c", "Draft cost c (for the optimal K)", 0.0, 1.0, 0.05, step=0.01, integer=False)
+"""The two inputs of the optimal K: a typed value out of range is clamped with a message (:mod:`.knobs`);
+an empty or unusable one leaves the curves drawn and says what the optimal K needs."""
+
+
+def _optimal_k_inputs(alpha, c) -> tuple[float, float] | str:
+    """``(alpha, c)`` as numbers in their ranges, or the Markdown that says which is not."""
+    for knob, value in ((ALPHA_KNOB, alpha), (C_KNOB, c)):
+        try:
+            knob.check(value)
+        except ValueError:
+            got = "nothing" if value is None or value == "" else html.escape(str(value))
+            return (f"**{knob.label.split(' (')[0]}: give a number from {knobs.range_text(knob)} "
+                    f"(got {got}) for the optimal K.**")
+    return float(alpha), float(c)
 SMOOTHED_NOTE = " (made non-decreasing in n)"
 """What ``VerifyCost.monotone`` appends to a cost's source; the tab says it in words instead."""
 
@@ -103,12 +120,17 @@ def render(alpha, c, ks, cs, mode, summary, engine_key: str) -> tuple:
                 curves[f"K={k}, c={cc:g}"] = (ALPHAS, [theory.expected_speedup(a, k, cc, cost) for a in ALPHAS])
         fig = charts.theory_figure(curves, measured_points(summary),
                                    title=f"Expected speedup vs alpha (verify cost: {mode})")
-        best_k, best = theory.optimal_k(alpha, c, cost)
-        tau = theory.expected_tokens_per_step(alpha, best_k)
-        verdict = "" if best > 1 else " **Speculation does not pay here: plain decoding is faster.**"
-        md = (f"### Optimal K for α = {100 * alpha:.0f}%, c = {c:g}: **K = {best_k}** "
-              f"(expected {best:.2f}×, τ = {tau:.2f}).{verdict}\n\n"
-              f"Expected tokens per step (1 − α^(K+1)) / (1 − α); cost per step K·c + (verify cost of K + 1 "
+        checked = _optimal_k_inputs(alpha, c)
+        if isinstance(checked, str):
+            head = checked
+        else:
+            alpha, c = checked
+            best_k, best = theory.optimal_k(alpha, c, cost)
+            tau = theory.expected_tokens_per_step(alpha, best_k)
+            verdict = "" if best > 1 else " **Speculation does not pay here: plain decoding is faster.**"
+            head = (f"### Optimal K for α = {100 * alpha:.0f}%, c = {c:g}: **K = {best_k}** "
+                    f"(expected {best:.2f}×, τ = {tau:.2f}).{verdict}")
+        md = (f"{head}\n\nExpected tokens per step (1 − α^(K+1)) / (1 − α); cost per step K·c + (verify cost of K + 1 "
               f"tokens), in single-token target forwards (Leviathan et al. 2023).\n\n"
               + verify_cost_markdown(cost, raw))
         if not curves:
@@ -169,10 +191,8 @@ def build(engine, last_run: gr.State, tab: gr.Tab, models=None) -> None:
                 "formula; coloured markers: the last run's methods as measured (one marker and legend entry each).")
     with gr.Row():
         with gr.Column(scale=1, min_width=280):
-            alpha = gr.Slider(0.0, 1.0, value=0.7, step=0.01, label="Acceptance rate α (for the optimal K)",
-                              elem_id="theory-alpha")
-            c = gr.Slider(0.0, 1.0, value=0.05, step=0.01, label="Draft cost c (for the optimal K)",
-                          elem_id="theory-c")
+            alpha = knobs.knob_input(ALPHA_KNOB, "theory-alpha")
+            c = knobs.knob_input(C_KNOB, "theory-c")
             ks = gr.CheckboxGroup(K_CHOICES, value=[2, 4, 8], label="K curves", elem_id="theory-ks")
             cs = gr.CheckboxGroup(C_CHOICES, value=[0.05], label="c curves", elem_id="theory-cs")
             mode = gr.Radio([MEASURED, FALLBACK, CONSTANT], value=MEASURED, label="Verification cost",

@@ -159,4 +159,7 @@ def test_tiny_run_on_an_uploaded_file_reads_well(page, tmp_path):
     expect(page.locator("#bench-status")).to_contain_text("Stopped", timeout=30_000)
     expect(bar).to_contain_text("stopped")
     expect(bar).not_to_contain_text("every method in turn")
+    # The first run's results are gone (no turn of this run finished): they read as this run's.
+    expect(table).not_to_contain_text("Prompt lookup")
+    expect(page.locator("#bench-speedup")).to_contain_text("running: results come as each")
     expect(page.locator("#bench-run")).to_be_enabled(timeout=60_000)

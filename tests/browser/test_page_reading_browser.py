@@ -177,6 +177,15 @@ def test_theory_points_have_their_own_colour_symbol_and_legend_entry(ran):
     legend = ran.locator("#theory-chart .legend").text_content()
     for p in points:
         assert p["name"] in legend and re.search(r"α \d+%, \d+\.\d\d×", p["name"]), p["name"]
+    # An emptied alpha box: the tab says what the optimal K needs and keeps its curves (a stock slider
+    # raised in preprocess: an error toast and no chart).
+    alpha = ran.locator("#theory-alpha input[type=number]")
+    alpha.fill("")
+    expect(ran.locator("#theory-summary")).to_contain_text("Acceptance rate α: give a number from 0 to 1", timeout=30_000)
+    expect(ran.locator("#theory-chart .js-plotly-plot").first).to_be_visible()
+    alpha.fill("0.5")
+    alpha.press("Enter")
+    expect(ran.locator("#theory-summary")).to_contain_text("Optimal K for α = 50%", timeout=30_000)
     ran.get_by_role("tab", name="Playground").click()
 
 
