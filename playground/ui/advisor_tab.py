@@ -358,7 +358,8 @@ def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None, mode
     with gr.Accordion("Model presets", open=True, elem_id="presets"):
         gr.Markdown("Each preset is a target with its drafts or Medusa heads; hub presets need the Hugging Face "
                     "hub (and usually a GPU). To run one, choose it on the Models tab: it loads for this browser "
-                    "tab only.")
+                    "tab only. The Models tab offers a hub preset only where the hub answers (or its model is "
+                    "already on this machine); offline, only the embedded default.")
         with gr.Row():
             pick = gr.Dropdown([(p.label, p.name) for p in presets.PRESETS.values()], value="default",
                                label="Preset", elem_id="preset-pick")
