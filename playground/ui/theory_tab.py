@@ -20,9 +20,7 @@ import html
 
 import gradio as gr
 
-from playground.engine import theory
-from playground.engine import MAX_SPECULATIVE_TOKENS
-from playground.engine.limits import Knob
+from playground.engine import MAX_SPECULATIVE_TOKENS, Knob, theory
 
 from . import charts, insight, knobs, worker
 from .run_control import in_joined_thread
