@@ -60,5 +60,4 @@ def test_new_methods_equal_baseline_on_benchmark_prompts(real_target):
                 assert o["text"] == tok.decode(o["ids"], skip_special_tokens=True), f"{label} {name}"
                 accepted[(name, budget_off)] = accepted.get((name, budget_off), 0) + o["acc"]
     idle = [m for m in ("suffix", "recycling", "rest", "mixture") if accepted[(m, False)] == 0]
-    print("accepted drafted tokens, (method, budget off):", accepted)
     assert not idle, f"no drafted token accepted over {len(PROMPTS)} prompts with the budget: {idle}; {accepted}"

@@ -473,8 +473,7 @@ def build(engine, models=None) -> None:
     results = [table, detail, speed_plot, tau_plot, csv_file, jsonl_file]
     armed = run_btn.click(arm, None, [run_btn, stop_btn, *results], api_visibility="private", queue=False)
     event = armed.then(run, [qset, upload, cats, methods, per_category, max_new, warmup, *knob_inputs, *key],
-                       [status, bar, table, detail, speed_plot, tau_plot, csv_file, jsonl_file],
-                       api_name="benchmark", concurrency_id="engine")
+                       [status, bar, *results], api_name="benchmark", concurrency_id="engine")
     # A bar still "running" then says "stopped" (set here: a last update would overwrite Stop's).
     idle = (lambda b: (gr.Button(interactive=True), gr.Button(interactive=False), ended_progress(b)))
     event.then(idle, bar, [run_btn, stop_btn, bar], api_visibility="private", queue=False)
