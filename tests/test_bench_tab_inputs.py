@@ -175,3 +175,34 @@ def test_alpha_reads_as_a_percentage_as_on_the_playground():
     assert "52%" in shown and "0.523" not in shown and "1.36×" in shown
     assert [bench_tab.render.percent_text(x) for x in (0.5234, "1.000", "-", None, float("nan"))] == \
         ["52%", "100%", "-", "-", "-"]
+
+
+class _TimedEngine:
+    """An engine whose per-step budget timed a plain step of 50 ms (20 tokens/s)."""
+
+    def persisted(self, key):
+        from playground.engine.budget import StepCost
+        from playground.engine.theory import VerifyCost
+
+        if key != "step_cost":
+            return None
+        curve = VerifyCost({1: 1.0, 2: 1.1}, {1: 0.05, 2: 0.055})
+        return StepCost(curve, curve, short_context=48)
+
+
+def test_the_plan_under_run_counts_runs_and_bounds_the_time():
+    """Writing has two-turn questions (MT-bench): 2 questions, 4 turns; 3 methods -> 12 runs of up to 64
+    tokens, at most 12 * 64 * 0.05 s = 38 s at plain decoding's 20 tokens/s."""
+    text = html.unescape(re.sub(r"<[^>]+>", "", bench_tab.plan(_TimedEngine(), SPEC, None, ["writing"],
+                                                              ["autoregressive", "prompt_lookup", "suffix"], 2, 64)))
+    assert text.startswith("Next run: 2 questions (4 turns) × 3 methods (autoregressive included) = 12 runs of up "
+                           "to 64 new tokens") and "at most about 38 s" in text and "20.0 tokens/s" in text
+    # Not timed yet: no duration; the baseline is counted when not ticked.
+    text = bench_tab.plan(object(), SPEC, None, ["qa"], ["suffix"], 3, 128)
+    assert "3 questions × 2 methods" in text and "= 6 runs of up to 128 new tokens." in text and "at most" not in text
+    # What Run would refuse, it says here first.
+    for inputs, words in (((["writing"], [], 2, 64), "no method is ticked"), (([], ["suffix"], 2, 64), "no category"),
+                          ((["writing"], ["suffix"], 0, 64), "Questions per category must be in [1, 40]"),
+                          ((bench_tab.category_choices(SPEC, None)[0], ["suffix"], 40, 64), "at most 40")):
+        text = html.unescape(bench_tab.plan(_TimedEngine(), SPEC, None, *inputs))
+        assert "Run would stop here: " in text and words in text, text

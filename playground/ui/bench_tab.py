@@ -28,7 +28,8 @@ from playground.engine import BASELINE, METHODS, Knob, MethodSpec
 from . import charts, models_tab, render, worker
 from .knobs import LooseCheckboxGroup, knob_input
 from .run_control import EventPump
-from .bench_view import ended_progress, progress_html, status_text  # noqa: F401 (the tab's names)
+from .bench_view import (ended_progress, number_text, plan_html, plan_problem_html, progress_html,  # noqa: F401
+                         speedup_text, status_text)
 from .toast import warning
 
 SETS = {"Spec-Bench dev (bundled)": "spec_bench", "HumanEval dev (bundled)": "humaneval"}
@@ -153,22 +154,6 @@ def category_choices(set_name: str, upload: str | None) -> tuple[list[str], str]
     return cats, f"{render.plural(len(qs), 'question')} in {render.plural(len(cats), 'category', 'categories')}"
 
 
-def speedup_text(x) -> str:
-    """A speedup as the page shows it everywhere: two decimals and ×, ``-`` when there is none.
-    Takes a number or the CLI's printed cell (``1.47x``)."""
-    if isinstance(x, str):
-        return x.removesuffix("x") + "×" if x.endswith("x") else x
-    return "-" if x is None or x != x else f"{x:.2f}×"
-
-
-def number_text(x) -> str:
-    """A number with two decimals (``1.20``, not ``1.2``); ``-`` when there is none; a printed
-    cell (already ``1.20``) stays as it is."""
-    if isinstance(x, str):
-        return x
-    return "-" if x is None or x != x else f"{x:.2f}"
-
-
 def table_value(header: list[str], lines: list[list]):
     """A read-only table's value: the numbers as they are (``value["data"]``), shown formatted through
     a pandas Styler (Gradio's display values): speedups ``1.47×``, alpha ``52%``, others ``1.20``.
@@ -250,6 +235,51 @@ def knob_keys() -> list[tuple[str, Knob]]:
     return [(m, k) for m, info in METHODS.items() for k in info.knobs]
 
 
+def choose(set_name, upload, categories, methods, per_category, max_new_tokens) -> tuple[list, list[str], int]:
+    """``(questions, method names in run order with the baseline first, max new tokens)`` of the tab's inputs
+    (as :func:`run_benchmark` takes them).
+
+    Raises:
+        bench.BenchError, ValueError, TypeError: an input the page refuses; the message says which and why.
+    """
+    per_cat, max_new = (int(_checked(k, v)) for k, v in ((PER_CATEGORY_KNOB, per_category),
+                                                         (NEW_TOKENS_KNOB, max_new_tokens)))
+    every = read_questions(set_name, upload)  # the file first: its own error, not "no category"
+    if isinstance(categories, str):
+        categories = [categories]
+    if not categories:
+        raise bench.BenchError("no category is ticked: choose at least one")
+    present = {q.category for q in every}
+    missing = [c for c in categories if c not in present]
+    if missing:
+        raise bench.BenchError(f"no questions in categories {', '.join(map(str, missing))}")
+    wanted = set(categories)
+    questions = bench.per_category([q for q in every if q.category in wanted], per_cat)
+    if len(questions) > MAX_PAGE_QUESTIONS:
+        raise bench.BenchError(f"that is {len(questions)} questions; a benchmark from the page runs at most "
+                               f"{MAX_PAGE_QUESTIONS}: tick fewer categories or ask fewer per category")
+    if isinstance(methods, str):
+        methods = [methods]
+    chosen = [m for m in METHODS if m in (methods or [])]
+    if not chosen:
+        raise bench.BenchError("no method is ticked: choose at least one (the baseline is added)")
+    names = bench.order_methods(chosen)
+    return questions, names, max_new
+
+
+def plan(engine, *inputs) -> str:
+    """The line under Run (``#bench-plan``): what Run would do with ``inputs`` (:func:`choose`'s), and for
+    how long at most on ``engine``'s device (its plain step as the per-step budget timed it, if it has);
+    or why Run would refuse them."""
+    try:
+        questions, names, max_new = choose(*inputs)
+    except (bench.BenchError, ValueError, TypeError) as e:
+        return plan_problem_html(str(e))
+    steps = getattr(engine, "persisted", lambda key: None)("step_cost")  # None: an engine without its timing
+    return plan_html(sum(len(q.turns) for q in questions), len(questions), len(names), max_new,
+                     steps.chain.seconds.get(1) if steps is not None else None)
+
+
 def run_benchmark(engine, set_name, upload, categories, methods, per_category, max_new_tokens, warmup,
                   *knob_values, stream=None) -> Iterator[tuple]:
     """The tab's Run handler: stream progress, the tables, the charts and the downloads.
@@ -271,28 +301,7 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
     warn = (lambda msg: (f'<span class="bench-warning">⚠ {html.escape(msg)}</span>', gr.skip(), *(gr.skip(),) * 6))
     try:
         try:
-            per_cat, max_new = (int(_checked(k, v)) for k, v in ((PER_CATEGORY_KNOB, per_category),
-                                                                 (NEW_TOKENS_KNOB, max_new_tokens)))
-            every = read_questions(set_name, upload)  # the file first: its own error, not "no category"
-            if isinstance(categories, str):
-                categories = [categories]
-            if not categories:
-                raise bench.BenchError("no category is ticked: choose at least one")
-            present = {q.category for q in every}
-            missing = [c for c in categories if c not in present]
-            if missing:
-                raise bench.BenchError(f"no questions in categories {', '.join(map(str, missing))}")
-            wanted = set(categories)
-            questions = bench.per_category([q for q in every if q.category in wanted], per_cat)
-            if len(questions) > MAX_PAGE_QUESTIONS:
-                raise bench.BenchError(f"that is {len(questions)} questions; a benchmark from the page runs at most "
-                                       f"{MAX_PAGE_QUESTIONS}: tick fewer categories or ask fewer per category")
-            if isinstance(methods, str):
-                methods = [methods]
-            chosen = [m for m in METHODS if m in (methods or [])]
-            if not chosen:
-                raise bench.BenchError("no method is ticked: choose at least one (the baseline is added)")
-            names = bench.order_methods(chosen)
+            questions, names, max_new = choose(set_name, upload, categories, methods, per_category, max_new_tokens)
             values = dict(zip([(m, k.name) for m, k in knob_keys()], knob_values))
             specs = [MethodSpec(m, {k.name: values[(m, k.name)] for k in METHODS[m].knobs}) for m in names]
         except (bench.BenchError, ValueError, TypeError) as e:
@@ -407,15 +416,19 @@ def build(engine, models=None) -> None:
             max_new = knob_input(NEW_TOKENS_KNOB, "bench-max-new-tokens")
             warmup = gr.Checkbox(True, label="Warm-up round first (untimed: every method once, so the first "
                                              "timed run does not pay for start-up)", elem_id="bench-warmup")
+            with gr.Row():
+                run_btn = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
+                stop_btn = gr.Button("Stop", variant="stop", elem_id="bench-stop", interactive=False)
+            # Recomputed whenever an input changes (Gradio re-runs a value function on its inputs' changes).
+            session = [models.key] if models is not None else []
+            gr.HTML(lambda *v: plan(models.cache.get(v[-1]) if models is not None else engine, *v[:6]),
+                    inputs=[qset, upload, cats, methods, per_category, max_new, *session], elem_id="bench-plan")
             knob_inputs = []
-            with gr.Accordion("Method settings", open=False):
+            with gr.Accordion("Method settings", open=False, elem_id="bench-knobs"):
                 for m, k in knob_keys():
                     knob_inputs.append(knob_input(k, f"bench-{m}-{k.name}", m in available,
                                                   engine.knob_defaults(m).get(k.name),
                                                   label=f"{METHODS[m].label}: {k.label}"))
-            with gr.Row():
-                run_btn = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
-                stop_btn = gr.Button("Stop", variant="stop", elem_id="bench-stop", interactive=False)
     status = gr.HTML("", elem_id="bench-status")
     bar = gr.HTML(progress_html(0, 0, "not started"), elem_id="bench-progress")
     gr.Markdown("### Results on this machine")

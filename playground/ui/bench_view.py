@@ -1,4 +1,5 @@
-"""How the Benchmark tab shows a run under way: its progress bar and its status line (HTML)."""
+"""How the Benchmark tab shows a run: the plan under Run, its progress bar, its status line (HTML), and its
+numbers in the tables."""
 
 from __future__ import annotations
 
@@ -30,3 +31,51 @@ def status_text(text: str) -> str:
     """The tab's status line: the text escaped (a question id or category from an uploaded file is
     shown as it is, never as markup)."""
     return f'<span class="bench-status-text">{html.escape(text)}</span>'
+
+
+def plan_html(turns: int, questions: int, methods: int, max_new_tokens: int, step_seconds: float | None) -> str:
+    """What the next Run will do, shown under the Run button before it is pressed (``#bench-plan``).
+
+    Args:
+        turns: turns of the chosen questions (a multi-turn question counts each; each is one run per method).
+        questions: the chosen questions.
+        methods: methods run, the baseline included.
+        max_new_tokens: the cap per run.
+        step_seconds: seconds of one plain decoding step on this device (the per-step budget's timing),
+            or None when not timed yet: then no duration is given.
+
+    The duration is an upper bound of the decoding: every run at plain decoding's speed to the cap
+    (speculative methods take less; prompts' prefill and the untimed warm-up are not counted).
+    """
+    runs = turns * methods
+    text = (f"Next run: {questions} question{'s' if questions != 1 else ''}"
+            + (f" ({turns} turns)" if turns != questions else "")
+            + f" × {methods} method{'s' if methods != 1 else ''} (autoregressive included) = {runs} "
+            f"run{'s' if runs != 1 else ''} of up to {max_new_tokens} new tokens")
+    if step_seconds and step_seconds > 0:
+        minutes = runs * max_new_tokens * step_seconds / 60
+        took = f"{minutes:.0f} min" if minutes >= 1.5 else f"{max(1, round(minutes * 60)):.0f} s"
+        text += (f"; at most about {took} on this machine (every run at plain decoding's "
+                 f"{1 / step_seconds:.1f} tokens/s; speculative methods take less)")
+    return f'<span class="bench-plan-text">{html.escape(text)}.</span>'
+
+
+def plan_problem_html(message: str) -> str:
+    """The plan line when the chosen inputs cannot run (the message Run would give)."""
+    return f'<span class="bench-plan-text">Run would stop here: {html.escape(message)}.</span>'
+
+
+def speedup_text(x) -> str:
+    """A speedup as the page shows it everywhere: two decimals and ×, ``-`` when there is none.
+    Takes a number or the CLI's printed cell (``1.47x``)."""
+    if isinstance(x, str):
+        return x.removesuffix("x") + "×" if x.endswith("x") else x
+    return "-" if x is None or x != x else f"{x:.2f}×"
+
+
+def number_text(x) -> str:
+    """A number with two decimals (``1.20``, not ``1.2``); ``-`` when there is none; a printed
+    cell (already ``1.20``) stays as it is."""
+    if isinstance(x, str):
+        return x
+    return "-" if x is None or x != x else f"{x:.2f}"

@@ -69,6 +69,15 @@ def test_defaults_labels_and_upload_errors(page, tmp_path):
     for dev in ("CLI", "--", "README", "results.jsonl", "python -m", "Leaderboard.md", "mean_accepted_tokens"):
         assert dev not in tab, f"developer wording on the Benchmark tab: {dev!r}"
 
+    # Under Run, what it would do (2 of each of the 13 categories; MT-bench's 8 have two turns), updated as the
+    # inputs change; Run sits above the method settings, which opened push everything below them down.
+    plan = page.locator("#bench-plan")
+    expect(plan).to_contain_text("Next run: 26 questions (42 turns) × ")
+    page.locator("#bench-categories").get_by_label("writing").uncheck()
+    expect(plan).to_contain_text("Next run: 24 questions (38 turns) × ", timeout=30_000)
+    page.locator("#bench-categories").get_by_label("writing").check()
+    assert page.locator("#bench-run").bounding_box()["y"] < page.locator("#bench-knobs").bounding_box()["y"]
+
     # Nothing runs: Stop is disabled (pressed, it said "Stopped" beside "not started").
     expect(page.locator("#bench-stop")).to_be_disabled()
 
@@ -131,6 +140,8 @@ def test_tiny_run_on_an_uploaded_file_reads_well(page, tmp_path):
     new.press("Enter")
     expect(new).to_have_value("4")
     page.locator("#bench-warmup input[type=checkbox]").uncheck()
+    expect(page.locator("#bench-plan")).to_contain_text("Next run: 2 questions × 2 methods (autoregressive included) "
+                                                        "= 4 runs of up to 4 new tokens", timeout=30_000)
     page.locator("#bench-run").click()
     expect(page.locator("#bench-status")).to_contain_text("Done: 4 runs", timeout=RUN_TIMEOUT_MS)
     expect(page.locator("#bench-run")).to_be_enabled(timeout=30_000)
