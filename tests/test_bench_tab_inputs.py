@@ -206,3 +206,12 @@ def test_the_plan_under_run_counts_runs_and_bounds_the_time():
                           ((bench_tab.category_choices(SPEC, None)[0], ["suffix"], 40, 64), "at most 40")):
         text = html.unescape(bench_tab.plan(_TimedEngine(), SPEC, None, *inputs))
         assert "Run would stop here: " in text and words in text, text
+
+
+def test_columns_are_as_wide_as_their_longest_word():
+    """Each column fits its longest word, of the title or of a cell; numbers count as six characters."""
+    from playground.ui.bench_view import CELL_PAD_PX, CHAR_PX, column_widths
+
+    widths = column_widths(["Method", "Summarization speedup", "τ"], [["Autoregressive", 1.0, 1.0], ["Suffix decoding", 1.37, 1.6]])
+    px = [float(w.removesuffix("px")) for w in widths]
+    assert px == [round(CELL_PAD_PX + CHAR_PX * n) for n in (len("Autoregressive"), len("Summarization"), 6)]

@@ -544,3 +544,17 @@ def test_draft_panel_says_when_the_advisor_leaves_the_draft_out():
             del worker.ENGINES[key]
         assert ("The Advisor tab uses this K." in md) is advised, md
         assert ("leaves this draft out" in md) is not advised
+
+
+def test_theory_curves_take_their_dash_from_k_and_their_grey_from_c():
+    """3 K x 3 c: curves of one K share a dash pattern, curves of one c share a grey, and no two curves
+    look alike (the curves cycled through six styles in drawing order: 20 curves read as noise)."""
+    from playground.ui import theory_tab
+
+    fig, _ = theory_tab.render(0.7, 0.05, [2, 4, 8], [0.0, 0.05, 0.2], theory_tab.CONSTANT, None, "test-theory-styles")
+    lines = {t.name: (t.line.dash, t.line.color) for t in fig.data}
+    assert len(lines) == 9 and len(set(lines.values())) == 9
+    for k in (2, 4, 8):
+        assert len({lines[f"K={k}, c={c:g}"][0] for c in (0.0, 0.05, 0.2)}) == 1
+    for c in (0.0, 0.05, 0.2):
+        assert len({lines[f"K={k}, c={c:g}"][1] for k in (2, 4, 8)}) == 1

@@ -141,7 +141,7 @@ def test_tokens_per_step_small_multiples_and_theory_points():
     assert [t.name for t in marks] == [p["text"] for p in points] and not any(t.text for t in marks)
     assert [t.marker.color for t in marks] == [charts.method_color("prompt_lookup"), charts.method_color("lookahead")]
     assert len({t.marker.symbol for t in marks}) == 2
-    assert fig.data[0].line.color in charts.CURVE_COLORS and fig.layout.xaxis.title.text.startswith("acceptance")
+    assert fig.data[0].line.color in charts.CURVE_SHADES and fig.layout.xaxis.title.text.startswith("acceptance")
 
 
 def test_run_charts_show_acceptance_by_position_once():

@@ -28,8 +28,8 @@ from playground.engine import BASELINE, METHODS, Knob, MethodSpec
 from . import charts, models_tab, render, worker
 from .knobs import LooseCheckboxGroup, knob_input
 from .run_control import EventPump
-from .bench_view import (ended_progress, number_text, plan_html, plan_problem_html, progress_html,  # noqa: F401
-                         speedup_text, status_text)
+from .bench_view import (column_widths, ended_progress, number_text, plan_html, plan_problem_html,  # noqa: F401
+                         progress_html, speedup_text, status_text)
 from .toast import warning
 
 SETS = {"Spec-Bench dev (bundled)": "spec_bench", "HumanEval dev (bundled)": "humaneval"}
@@ -206,14 +206,20 @@ def _write_files(records: list[dict], folder: Path) -> tuple[str, str]:
     return str(csv_path), str(jsonl)
 
 
+def _frame(header: list[str], lines: list[list]):
+    """A results table's update: :func:`table_value`, columns as wide as their longest word."""
+    shown = table_value(header, lines)
+    return gr.Dataframe(value=shown, headers=[column_title(c) for c in header],
+                        column_widths=column_widths(list(shown.data.columns), shown.data.values.tolist()))
+
+
 def _outputs(status: str, bar, records: list[dict], files=(None, None)) -> tuple:
     """(status, progress, leaderboard, detail table, speedup figure, tau figure, csv, jsonl)."""
     if not records:
         return (status, bar, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
     rows, header, lines, detail = tables(records)
     shown = _chart_rows(rows)
-    return (status, bar, gr.Dataframe(value=table_value(header, lines), headers=[column_title(c) for c in header]),
-            gr.Dataframe(value=table_value(DETAIL_HEADER, detail), headers=[column_title(c) for c in DETAIL_HEADER]),
+    return (status, bar, _frame(header, lines), _frame(DETAIL_HEADER, detail),
             charts.bench_speedup_figure(shown, baseline=method_title(BASELINE)), charts.bench_tau_figure(shown),
             files[0], files[1])
 
@@ -454,8 +460,9 @@ def build(engine, models=None) -> None:
                     "Vicuna-7B/13B/33B-v1.3, fp16, greedy, batch 1, mean of 3 runs), not on this machine and not "
                     "with this playground's models. Speedups per category over autoregressive. Source: the "
                     "Spec-Bench leaderboard (Xia et al. 2024, github.com/hemingkx/Spec-Bench, Apache-2.0).")
-        gr.Dataframe(value=rows or None, headers=[column_title(c) for c in header] or None, interactive=False,
-                     elem_id="bench-reference-table", wrap=True)
+        titles = [column_title(c) for c in header]
+        gr.Dataframe(value=rows or None, headers=titles or None, interactive=False, elem_id="bench-reference-table",
+                     wrap=True, column_widths=column_widths(titles, rows) if rows else None)
 
     def refresh(set_name, up):
         choices, note = category_choices(set_name, up)

@@ -79,3 +79,19 @@ def number_text(x) -> str:
     if isinstance(x, str):
         return x
     return "-" if x is None or x != x else f"{x:.2f}"
+
+
+CHAR_PX, CELL_PAD_PX = 8.4, 22
+"""Width of one character of a table header (bold, monospace) and a cell's padding and menu button, in px."""
+
+
+def column_widths(titles: list[str], rows: list[list]) -> list[str]:
+    """Widths (``"117px"``) for a read-only table's columns, each wide enough for the longest word of its
+    title and cells, so a header wraps between words (Gradio sizes columns from the cells' text, and
+    broke "Summarization" as "Summariz / ation"). Numbers count as six characters (``1.47×``, ``52%``)."""
+    def longest(v) -> int:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return 6
+        return max((len(w) for w in str(v).split()), default=1)
+    return [f"{CELL_PAD_PX + CHAR_PX * max([longest(t), *(longest(r[i]) for r in rows if i < len(r))]):.0f}px"
+            for i, t in enumerate(titles)]

@@ -21,9 +21,9 @@ nine methods get nine different colours), mid-tones that read on the light and t
 METHOD_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "cross", "x", "star", "triangle-down", "pentagon",
                   "hexagon")
 """Marker symbols, by the method's position in the registry: a second cue besides the colour."""
-CURVE_COLORS = ("#6b7280", "#9ca3af", "#4b5563", "#a8a29e", "#78716c", "#57534e")
+CURVE_SHADES = ("#374151", "#6b7280", "#9ca3af", "#57534e", "#a8a29e", "#cbd5e1")
 CURVE_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
-"""Theory curves are grey with a dash pattern each, so they never look like a measured method."""
+"""Theory curves are grey, with a dash pattern and a shade each, so they never look like a measured method."""
 
 METHOD_COLOR: dict[str, str] = {}
 """The one method -> colour mapping of every chart (Playground and Benchmark tab alike), keyed by
@@ -244,7 +244,8 @@ def time_split_figure(split: Mapping[str, tuple[float, float]]) -> go.Figure:
 
 
 def theory_figure(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
-                  points: Sequence[dict] = (), title: str = "Expected speedup vs acceptance rate") -> go.Figure:
+                  points: Sequence[dict] = (), title: str = "Expected speedup vs acceptance rate",
+                  styles: Sequence[tuple[int, int]] | None = None) -> go.Figure:
     """Expected-speedup curves against alpha, with measured points overlaid.
 
     Curves are grey, one dash pattern each; each measured point has its method's colour and marker
@@ -255,12 +256,16 @@ def theory_figure(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
         curves: curve label (e.g. ``"K=4, c=0.05"``) -> ``(alphas, speedups)``.
         points: measured runs: ``{"label", "alpha", "speedup", "text"}`` each, with ``"method"`` (a
             method name or label) choosing the colour and symbol.
+        styles: per curve ``(dash, shade)``: the index of its dash pattern and of its grey, darkest
+            first (the Theory tab: the dash by K, the grey by c, so 20 curves read as a grid); by
+            default each curve its own of both.
     """
     fig = go.Figure()
     for i, (label, (xs, ys)) in enumerate(curves.items()):
+        dash, shade = styles[i] if styles is not None else (i, i)
         fig.add_trace(go.Scatter(x=list(xs), y=[round(y, 4) for y in ys], mode="lines", name=label,
-                                 line=dict(color=CURVE_COLORS[i % len(CURVE_COLORS)], width=2,
-                                           dash=CURVE_DASHES[i % len(CURVE_DASHES)])))
+                                 line=dict(color=CURVE_SHADES[shade % len(CURVE_SHADES)], width=2,
+                                           dash=CURVE_DASHES[dash % len(CURVE_DASHES)])))
     for i, p in enumerate(points):
         key = p.get("method", p["label"])
         fig.add_trace(go.Scatter(x=[p["alpha"]], y=[p["speedup"]], mode="markers", name=p.get("text", p["label"]),

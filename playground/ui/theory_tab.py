@@ -112,12 +112,13 @@ def render(alpha, c, ks, cs, mode, summary, engine_key: str) -> tuple:
         cost, raw = _cost(mode, engine_key)
         ks = sorted(int(k) for k in (ks or []))
         cs = sorted(float(x) for x in (cs or []))
-        curves = {}
-        for k in ks:
-            for cc in cs:
+        curves, styles = {}, []  # one dash pattern per K, one grey per c
+        for i, k in enumerate(ks):
+            for j, cc in enumerate(cs):
                 curves[f"K={k}, c={cc:g}"] = (ALPHAS, [theory.expected_speedup(a, k, cc, cost) for a in ALPHAS])
+                styles.append((i, j))
         fig = charts.theory_figure(curves, measured_points(summary),
-                                   title=f"Expected speedup vs alpha (verify cost: {mode})")
+                                   title=f"Expected speedup vs alpha (verify cost: {mode})", styles=styles)
         checked = _optimal_k_inputs(alpha, c)
         if isinstance(checked, str):
             head = checked
@@ -186,7 +187,7 @@ def build(engine, last_run: gr.State, tab: gr.Tab, models=None) -> None:
                 "fraction of one target forward). The verification cost of K + 1 tokens is measured on this device; "
                 "on a GPU it stays near one forward, on a CPU it grows with K. Timings on a busy machine are "
                 "noisy, so the cost is fitted non-decreasing (more tokens never cost less; one outlying timing is capped at its neighbours). Grey lines: the "
-                "formula; coloured markers: the last run's methods as measured (one marker and legend entry each).")
+                "formula (one dash pattern per K, one shade per c); coloured markers: the last run's methods as measured (one marker and legend entry each).")
     with gr.Row():
         with gr.Column(scale=1, min_width=280):
             alpha = knobs.knob_input(ALPHA_KNOB, "theory-alpha")

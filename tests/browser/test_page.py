@@ -22,6 +22,20 @@ ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "artifacts" / "screenshots" / "playground.png"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run", "--disable-quic", "--disable-sync"]
+BROKEN_WORDS_JS = """els => els.flatMap(el => {
+    const out = [];
+    for (const node of el.childNodes) {
+        if (node.nodeType !== Node.TEXT_NODE) continue;
+        for (const m of node.textContent.matchAll(/\\S+/g)) {
+            const r = document.createRange();
+            r.setStart(node, m.index);
+            r.setEnd(node, m.index + m[0].length);
+            if (r.getClientRects().length > 1) out.push(m[0]);
+        }
+    }
+    return out;
+})"""
+"""Words of the matched elements' text that the browser laid out across two lines or more."""
 PROMPT = "Repeat this sentence three times: The quick brown fox jumps over the lazy dog near the river bank."
 RUN_TIMEOUT_MS = 240_000  # a 2-core machine shared with other jobs can be slow; never a sleep
 
@@ -225,6 +239,10 @@ def test_insight_tabs_and_a_tiny_benchmark(browser, url):
         expect(page.locator("#bench-csv")).to_contain_text(".csv")
         page.get_by_text("Published Spec-Bench leaderboard: measured elsewhere on other hardware").click()
         expect(page.locator("#bench-reference")).to_contain_text("EAGLE2")
+        # Headers wrap between words, never inside one ("Summariz / ation": Gradio sized columns by their cells).
+        for table in ("#bench-reference-table", "#bench-table", "#bench-detail"):
+            broken = page.locator(f"{table} th span.header").evaluate_all(BROKEN_WORDS_JS)
+            assert not broken, f"{table}: words broken across lines in the headers: {broken}"
         page.screenshot(path=str(SHOTS / "benchmark.png"), full_page=True)
         page.locator("#bench-speedup").screenshot(path=str(SHOTS / "benchmark_speedup_chart.png"))
     finally:
