@@ -370,8 +370,8 @@ def advise(s: Situation, verify_cost=None) -> Advice:
             params["mixture"] = {"members": fig["params"]["members"]}
             members = ", ".join(in_words(m) for m in params["mixture"]["members"].split(","))
             reasons.append(("measured_variant", f"on {fig['machine']} the mixture of {members} measured "
-                                                f"{fig['speedup']:.2f}x against {_fig(s.cpu_isa, 'mixture')['speedup']:.2f}x "
-                                                "at its defaults: those members"))
+                                                f"{fig['speedup']:.2f}x against {fig['base_speedup']:.2f}x "
+                                                "at its defaults in the same run: those members"))
     methods = ["autoregressive", primary, *extra]
     # 2. Copy-heavy tasks.
     if s.task in COPY_TASKS:

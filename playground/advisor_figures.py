@@ -18,15 +18,20 @@ from playground.measure import load as load_measurements
 def measured_speedups(data: dict | None = None) -> dict[str, dict[str, dict]]:
     """CPU instruction set (``"avx2"``, ``"avx512"``) -> method -> its newest benchmark figures in the
     measurements file (``speedup``, ``tau``, ``alpha``, ``params``, ``lossless``, plus the run's
-    ``machine`` label, ``questions``, ``command``, ``when``, ``dtype``, ``threads``)."""
+    ``machine`` label, ``questions``, ``command``, ``when``, ``dtype``, ``threads``). A variant
+    (``mixture:members=...``) also holds ``base_speedup``: its method's speedup at its defaults in the
+    same run, None when that run left it out (figures of two runs are not compared)."""
     data = load_measurements() if data is None else data
     out: dict[str, dict[str, dict]] = {}
     for run in data["benchmarks"]:  # newest first: the first figure of a method on an ISA wins
         machine = data["machines"].get(run.get("machine"), {})
         context = {k: run.get(k) for k in ("questions", "command", "when", "dtype", "threads")}
         for method, fig in run.get("methods", {}).items():
+            same_run = {}
+            if ":" in method:
+                same_run["base_speedup"] = run["methods"].get(method.split(":", 1)[0], {}).get("speedup")
             out.setdefault(machine.get("isa"), {}).setdefault(
-                method, {**fig, **context, "machine": machine.get("label", run.get("machine"))})
+                method, {**fig, **context, **same_run, "machine": machine.get("label", run.get("machine"))})
     return out
 
 
@@ -49,7 +54,9 @@ def figure(isa: str | None, method: str) -> dict | None:
 
 
 def describe_figure(method: str, fig: dict) -> str:
-    """``"1.28x (K = 2, τ 1.42, α 21.5%)"``: one measured figure with the settings it ran with."""
+    """``"1.28x (K = 2, τ 1.42, α 21.5%)"``: one measured figure with the settings it ran with; a variant
+    also names its method's figure at its defaults in the same run and the run's date (``against 1.46x
+    at its defaults in the same run, 2026-12-04``)."""
     p = fig.get("params") or {}
     knobs = []
     if "k" in p:
@@ -61,6 +68,8 @@ def describe_figure(method: str, fig: dict) -> str:
     knobs.append(f"τ {fig['tau']:.2f}")
     if fig.get("alpha") is not None:
         knobs.append(f"α {100 * fig['alpha']:.1f}%")
+    if fig.get("base_speedup") is not None:
+        knobs.append(f"against {fig['base_speedup']:.2f}x at its defaults in the same run, {fig.get('when') or 'undated'}")
     return f"{fig['speedup']:.2f}x ({', '.join(knobs)})"
 
 
@@ -124,14 +133,11 @@ def fastest_measured(isa: str | None, available) -> list[tuple[str, dict]]:
 def fastest_variant(isa: str | None, method: str, can_run) -> dict | None:
     """The fastest measured variant of ``method`` (a record ``method:knob=value``, e.g. the mixture with
     EAGLE-3 as a member) on CPUs with instruction set ``isa`` that measured faster than ``method`` at its
-    defaults and whose mixture members ``can_run(member)`` allows: its figure, or None.
-    Only variants that set ``members`` count; the figure's ``params`` are the knob values to set."""
-    plain = figure(isa, method)
-    if plain is None:
-        return None
+    defaults in the same run (``base_speedup``) and whose mixture members ``can_run(member)`` allows: its
+    figure, or None. Only variants that set ``members`` count; the figure's ``params`` are the knob values to set."""
     best = None
     for name, fig in MEASURED.get(isa, {}).items():
-        if not name.startswith(method + ":") or fig["speedup"] <= plain["speedup"]:
+        if not name.startswith(method + ":") or fig.get("base_speedup") is None or fig["speedup"] <= fig["base_speedup"]:
             continue
         members = (fig.get("params") or {}).get("members")
         if not isinstance(members, str) or not members or not all(can_run(m) for m in members.split(",")):

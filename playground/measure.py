@@ -17,7 +17,8 @@ lists of records, newest first, each naming its ``machine``, ``when`` and ``comm
   lossless (every greedy output equal to the baseline's), params.
 
 A new record replaces the one of the same kind for the same machine, target and dtype (for
-benchmarks, per method: the older record keeps only the methods the new one lacks). Run the
+benchmarks, per method: the older record keeps only the methods the new one lacks, and the method of
+each variant it keeps, ``mixture`` for ``mixture:members=...``, for a comparison within one run). Run the
 command on the machine that made the figures: the machine recorded is the one it runs on.
 """
 
@@ -118,9 +119,13 @@ def add_record(data: dict, kind: str, record: dict) -> None:
             if kind == "verify_cost" and old.get("device") == record.get("device"):
                 continue
             if kind == "benchmarks":
-                old = {**old, "methods": {m: v for m, v in old["methods"].items() if m not in record["methods"]}}
-                if not old["methods"]:
+                left = {m for m in old["methods"] if m not in record["methods"]}
+                if not left:
                     continue
+                # A variant left (``mixture:members=...``) keeps its method's figure of the same run: it
+                # is compared with that one only (``advisor_figures``), never with another run's.
+                left |= {m.split(":", 1)[0] for m in left if ":" in m} & set(old["methods"])
+                old = {**old, "methods": {m: v for m, v in old["methods"].items() if m in left}}
         kept.append(old)
     data[kind] = [record, *kept]
 
