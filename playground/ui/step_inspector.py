@@ -29,6 +29,7 @@ import plotly.graph_objects as go
 from playground.engine import BASELINE, METHODS, SOURCE_TARGET, source_labels
 
 from . import charts, guide, insight, render
+from .knobs import KnobSlider
 
 MAX_STEPS_KEPT = 512
 """Steps kept per method for the inspector (the most recent; older ones are dropped)."""
@@ -49,6 +50,7 @@ STEP_CSS = """
 #step-tree .node-rejected > .node { opacity: 0.5; }
 #step-tree .node-rejected > .node .chip { text-decoration: line-through; }
 #step-tree .node-bonus > .node .chip { outline: 2px dashed #1d4ed8; font-weight: 700; }
+#step-tree .tree-note { font-size: 13px; color: #b45309; margin-bottom: 4px; }
 #step-tree .tree .why, #step-tree .why { font-size: 12px; color: var(--body-text-color-subdued, #6b7280); }
 #why-speed p { margin: 2px 0; font-size: 0.92em; }
 """
@@ -414,9 +416,16 @@ def view(engine, engine_key: str, store: RunSteps | None, method: str | None = N
     dropdown = gr.update(choices=choices, value=method)
     if not kept or step is None:
         return why, dropdown, gr.update(), steps_figure(store, method, None), tree_html(engine, method, 0, None, [])
+    note = ""
+    if not kept[0] <= step <= kept[-1]:  # typed in the slider's box: the nearest step kept, as the page's knobs clamp
+        shown = min(max(step, kept[0]), kept[-1])
+        note = (f'<div class="tree-note">Step {step} is outside the steps kept of '
+                f"{html.escape(choices[store.methods.index(method)][0])} ({kept[0]} to {kept[-1]}): showing step "
+                f"{shown}.</div>")  # in the tree, not a toast: this event is not queued (a toast needs the queue)
+        step = shown
     slider = gr.update(minimum=kept[0], maximum=max(kept[-1], kept[0] + 1), value=step, interactive=True)
     return (why, dropdown, slider, steps_figure(store, method, step),
-            tree_html(engine, method, step, store.get(method, step), kept))
+            note + tree_html(engine, method, step, store.get(method, step), kept))
 
 
 class Inspector:
@@ -432,7 +441,8 @@ class Inspector:
             with gr.Row():
                 self.method = gr.Dropdown(choices=[], value=None, label="Method", elem_id="inspect-method",
                                           interactive=True, scale=1)
-                self.step = gr.Slider(0, 1, value=0, step=1, label="Step", elem_id="inspect-step", scale=3)
+                # The range is checked in view (gr.Slider refused a typed 999 with an error on every output).
+                self.step = KnobSlider(0, 1, value=0, step=1, label="Step", elem_id="inspect-step", scale=3)
             self.chart = gr.Plot(steps_figure(None, None, None), show_label=False, elem_id="inspect-chart")
             self.tree = gr.HTML(view(engine, engine_key, None)[-1], elem_id="step-tree", js_on_load=PICK_JS)
         outputs = self.outputs = [self.why, self.method, self.step, self.chart, self.tree]

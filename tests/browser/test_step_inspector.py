@@ -75,6 +75,15 @@ def test_pick_a_step_and_see_its_tree(browser, url):  # noqa: F811
         box.fill("1")
         box.press("Enter")
         expect(tree).to_contain_text("Step 1 of Prompt lookup", timeout=15_000)
+        # Past the last step (or below the first): the nearest step, with a message; nothing turns to "Error".
+        numbers = [int(steps.nth(i).get_attribute("data-step")) for i in range(steps.count())]
+        for typed, shown in (("999", max(numbers)), ("-3", min(0, *numbers))):  # step 0: the prefill
+            box.fill(typed)
+            box.press("Enter")
+            expect(tree).to_contain_text(f"Step {shown} of Prompt lookup", timeout=15_000)
+            expect(tree).to_contain_text(f"Step {typed} is outside the steps kept of Prompt lookup")
+            expect(box).to_have_value(str(shown))
+        expect(page.locator("#step-inspector .error")).to_have_count(0)
 
         # A click on the baseline's panel picks its step: one token from the target, nothing proposed.
         base = page.locator("#panel-autoregressive .step").nth(3)
