@@ -194,3 +194,17 @@ def test_advisor_tab_reads_the_last_run_and_names_no_ids():
         assert rule_id not in md
     md_before, adv_before = advisor_tab.advise(engine, 0.135, 0.00747, False, "code", "aggressive", "cpu", True, True)
     assert adv_before["params"]["draft_model"] == {"k": 3}  # no run yet: the draft's own K, as the slider shows
+
+
+def test_a_run_stopped_after_a_few_tokens_ranks_no_speed():
+    """Stopped after the first token, the prompt's pass and timing noise decided the "speedups": the verdict
+    says there are too few tokens instead of crowning a method (found by a new-user trial)."""
+    def made(m, n):
+        return {**m, "stats": {**m["stats"], "new_tokens": n}}
+
+    s = _summary({"autoregressive": made(_method("Autoregressive", 10.0, 1.0, reason="cancelled"), 1),
+                  "draft_model": made(_method("Draft model", 13.2, 1.0, "match", reason="cancelled"), 1)})
+    text = guide.run_verdict(s)
+    assert text.startswith("Too few tokens to rank the speeds (1 token from the baseline)") and "Fastest" not in text
+    s["methods"] = {m: made(d, 8) for m, d in s["methods"].items()}
+    assert guide.run_verdict(s).startswith("Fastest: Draft model, 1.32× the baseline")

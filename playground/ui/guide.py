@@ -121,6 +121,17 @@ def overall_figures(stats: Mapping, baseline_tokens_per_s: float | None) -> tupl
     return speedup, None if tau is None else float(tau)
 
 
+MIN_RANKED_TOKENS = 8
+"""The verdict ranks the methods' speeds only when the fastest and the baseline made this many tokens
+(a run stopped after its first token crowned a method from the prompt's pass and timing noise)."""
+
+
+def _tokens(d: Mapping) -> float:
+    """A method's new tokens in a run summary (infinite when its stats do not say)."""
+    n = (d.get("stats") or {}).get("new_tokens")
+    return float("inf") if n is None else int(n)
+
+
 def _tau(stats: Mapping) -> str:
     tau = stats.get("tau")
     return "" if tau is None else f", τ {tau:.2f}"
@@ -207,7 +218,11 @@ def run_verdict(summary: Mapping | None) -> str:
         best = max(others, key=lambda m: _speed(others[m]["stats"]))
         d = others[best]
         ratio, _ = overall_figures(d["stats"], base)
-        if ratio is not None:
+        fewest = min([BASELINE, best] if BASELINE in methods else [best], key=lambda m: _tokens(methods[m]))
+        if _tokens(methods[fewest]) < MIN_RANKED_TOKENS:  # stopped at once: the prompt's pass and noise decided
+            who = "the baseline" if fewest == BASELINE else methods[fewest]["label"]
+            head = f"Too few tokens to rank the speeds ({render.plural(int(_tokens(methods[fewest])), 'token')} from {who})"
+        elif ratio is not None:
             if ratio >= 1:
                 head = f"Fastest: {d['label']}, {ratio:.2f}× the baseline{_tau(d['stats'])}"
             elif len(others) == 1:
