@@ -135,6 +135,22 @@ def test_with_attached_servers_only_nothing_is_started_here(fake_servers):
     assert VLLMSession.from_args(argparse.Namespace(vllm=True, vllm_url=None)).local
 
 
+def test_the_status_says_before_any_press_that_vllm_is_missing():
+    """Without vLLM installed the tab said "servers not started" in green until Start failed; now it says at
+    once what is missing and the two ways out. Attached servers, or vLLM installed, read as before."""
+    import argparse
+
+    from playground.ui.vllm_panel import initial_status
+
+    local = VLLMSession.from_args(argparse.Namespace(vllm=True, vllm_url=None))
+    missing = initial_status(local, installed=False)
+    assert "pill-warning" in missing and "vLLM is not installed on this machine" in missing
+    assert "scripts/setup.sh --vllm" in missing and "--vllm-url" in missing
+    assert "servers not started" in initial_status(local, installed=True)
+    attached = VLLMSession.from_args(argparse.Namespace(vllm=False, vllm_url=["eagle=http://gpu:8001"]))
+    assert "attached: eagle" in initial_status(attached, installed=False)
+
+
 def test_start_failures_of_any_kind_end_in_a_readable_status(fake_servers):
     """A load or export error (not a vLLM error) while starting ends Start and Run with an error
     status, not a raw error that leaves "starting..." on the page; a long server failure keeps its

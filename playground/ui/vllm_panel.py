@@ -25,7 +25,8 @@ from playground.backends.vllm import methods as vm
 from playground.backends.vllm.bench import TIMING
 from playground.backends.vllm.client import StreamCutter, VLLMError
 from playground.backends.vllm.runner import Sampling, run_completion, run_to_end
-from playground.backends.vllm.server import ServerPool, VLLMServerError, detect_device, parse_vllm_urls, share_gpu
+from playground.backends.vllm.server import (ServerPool, VLLMServerError, detect_device, parse_vllm_urls, share_gpu,
+                                             vllm_available)
 
 from . import render
 from .run_control import EventPump, StopSignals
@@ -332,6 +333,18 @@ RELEASE_PANELS_JS = """() => { const row = document.getElementById("vllm-panels"
 status instead, so this step always follows): the row takes its content's height again."""
 
 
+def initial_status(session: VLLMSession, installed: bool) -> str:
+    """The tab's status line before anything is pressed: the attached servers, else whether servers can be
+    started here (without vLLM installed, Start and Run would only fail: say so before they are pressed)."""
+    if session.attached:
+        return render.status_html("done", "attached: " + ", ".join(session.attached))
+    if not installed:
+        return render.status_html("warning", "vLLM is not installed on this machine, so no server can be started "
+                                             "here: run scripts/setup.sh --vllm, or start the app with --vllm-url "
+                                             "NAME=URL to attach to running servers")
+    return render.status_html("done", "servers not started")
+
+
 def build(session: VLLMSession, engine) -> None:
     """Lay out the vLLM tab inside the current Blocks/Tab (``engine`` builds the prompts: its
     tokenizer and chat template, as the built-in panels use)."""
@@ -344,8 +357,7 @@ def build(session: VLLMSession, engine) -> None:
     with gr.Accordion("Deploy these methods on vLLM servers of your own", open=False):
         deploy = gr.Markdown(deploy_markdown(session, [m for m in methods if m in vm.SUPPORTED]), elem_id="vllm-deploy")
     chosen.change(lambda names: deploy_markdown(session, names), [chosen], [deploy], api_visibility="private")
-    status = gr.HTML(render.status_html("done", "servers not started" if not session.attached else
-                                        "attached: " + ", ".join(session.attached)), elem_id="vllm-status")
+    status = gr.HTML(initial_status(session, vllm_available()), elem_id="vllm-status")
     prompt = gr.Textbox(label="Prompt", lines=3, elem_id="vllm-prompt")
     max_new = gr.Slider(1, MAX_NEW_TOKENS, value=96, step=1, label="Max new tokens",
                         elem_id="vllm-max-new")
