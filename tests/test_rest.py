@@ -169,7 +169,8 @@ def test_datastore_errors_name_the_way_out(tmp_path, monkeypatch):
         f.write(json.dumps({"category": "x", "input_ids": [7, 8, 9], "prompt_len": 1}) + "\n")
     assert read_answers(tmp_path) == [[3, 4, 5], [8, 9]]
     assert len(engine_datastore(engine)) == 5
-    with pytest.raises(ValueError, match="min_match"):
+    with pytest.raises(ValueError, match=r"REST: the shortest match \(min_match, 3\) must not exceed the longest "
+                                         r"\(max_match, 2\)"):  # the page's words and the API's names
         RestDrafter(Datastore([[1]]), max_match=2, min_match=3)
     with pytest.raises(ValueError, match="max_retrieved"):
         MethodSpec("rest", {"max_retrieved": 0}).checked_params()

@@ -58,7 +58,8 @@ def parse_members(value) -> str:
         raise ValueError("members must name at least one drafter among " + ", ".join(MIXTURE_MEMBERS))
     bad = [n for n in names if n not in MIXTURE_MEMBERS]
     if bad:
-        raise ValueError(f"members must be among {', '.join(MIXTURE_MEMBERS)}, got {', '.join(bad)}")
+        raise ValueError(f"members must be among {', '.join(MIXTURE_MEMBERS)}, separated by commas (as in "
+                         f"{DEFAULT_MEMBERS}), got {', '.join(bad)}")
     if len(set(names)) != len(names):
         raise ValueError(f"members must not repeat, got {','.join(names)}")
     return ",".join(names)

@@ -307,7 +307,8 @@ class RestDrafter(Drafter):
         self.max_match = REST_MAX_MATCH_KNOB.check(max_match)
         self.min_match = REST_MIN_MATCH_KNOB.check(min_match)
         if self.min_match > self.max_match:
-            raise ValueError(f"min_match ({self.min_match}) must not exceed max_match ({self.max_match})")
+            raise ValueError(f"REST: the shortest match (min_match, {self.min_match}) must not exceed the longest "
+                             f"(max_match, {self.max_match})")
         self.depth = REST_DEPTH_KNOB.check(depth)
         self.max_spec_tokens = REST_SPEC_KNOB.check(max_spec_tokens)
         self.min_token_prob = REST_MIN_PROB_KNOB.check(min_token_prob)
