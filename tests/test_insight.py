@@ -262,8 +262,9 @@ def test_the_budgets_step_cost_stands_in_for_the_theory_tabs_curve():
     from playground.engine import StepCost
     from playground.ui import insight, step_inspector, worker
 
-    chain = theory.VerifyCost({1: 1.0, 2: 1.12, 5: 1.31}, {1: 0.045}, source="decoding steps verifying a chain",
-                              origin="steps")
+    chain = theory.VerifyCost({1: 1.0, 2: 1.12, 5: 1.31}, {1: 0.045}, origin="steps",
+                              source="decoding steps verifying a chain of q - 1 nodes (lower quartiles, a monotone "
+                                     "piecewise-linear fit), relative to plain steps")  # as step_cost words it
     steps = StepCost(chain, theory.VerifyCost({1: 1.0, 2: 1.2}), 48)
 
     class _Engine:
@@ -282,6 +283,9 @@ def test_the_budgets_step_cost_stands_in_for_the_theory_tabs_curve():
                                        "ttft_s": 0.2, "draft_s": 0.1, "verify_s": 0.7, "tokens_per_s": 9.0, "tau": 1.8}}
         why = step_inspector.why_markdown(None, key, store)
         assert "not on this device" not in why
+        # One pair of brackets inside the header's, not three ("... fit), relative to plain steps))").
+        assert "verify cost measured on this device (decoding steps verifying a chain of q - 1 nodes, relative to " \
+               "plain steps)):" in why and "fit)" not in why
     finally:
         del worker.ENGINES[key]
 

@@ -55,8 +55,10 @@ def measured_here(cost: theory.VerifyCost) -> bool:
 
 
 def verify_cost_source(cost: theory.VerifyCost) -> str:
-    """Where a verify cost was measured, in the words every panel uses (without the fit's note)."""
-    return cost.source.replace(" (made non-decreasing in n)", "")
+    """Where a verify cost was measured, in the words every panel uses (without the fits' notes, which
+    nested a third pair of brackets in the step inspector's header)."""
+    return cost.source.replace(" (made non-decreasing in n)", "").replace(
+        " (lower quartiles, a monotone piecewise-linear fit)", "")
 
 
 def _colors() -> dict[str, str]:
