@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from helpers import (chi_square_gof, clear_greedy_baseline, exact_first_three, run_events,
+from helpers import (chi_square_gof, clear_greedy_baseline, exact_first_three, output_ids, run_events,
                      sample_first_three, tiny_llama)
 from playground.engine import check_lossless
 from playground.engine.decoding import GenerationSettings
@@ -412,6 +412,43 @@ def test_eagle_greedy_equals_baseline_on_real_prompts(real_target, real_eagle, i
     verdict = check_lossless([t for e in base for t in e.tokens], [m for e in base for m in e.margins],
                              [t for e in events for t in e.tokens])
     assert verdict.matched, f"{label}: {verdict.message()}"
+
+
+@pytest.mark.real_model
+def test_a_shared_prefill_gives_each_method_what_its_own_would(real_target, real_eagle, monkeypatch):
+    """One prompt pass serves the baseline, EAGLE (its three feature layers) and a reader of the last layer
+    (Medusa's): each gets the tokens, first-step features and outputs of its own prefill, the prompt is
+    run once, and each first step counts the shared pass's seconds."""
+    from playground.engine.autoregressive import AutoregressiveDrafter
+    from playground.engine.decoding import SharedPrefill
+
+    tok = real_target.tokenizer
+    ids = tok.apply_chat_template([{"role": "user", "content": "Name three rivers of Europe and their seas."}],
+                                  add_generation_prompt=True, return_tensors="pt")["input_ids"][0].tolist()
+    target = CausalLM(real_target.model)
+    eos = tuple(real_target.eos_token_ids)
+    make = (AutoregressiveDrafter, lambda: EagleDrafter(real_eagle, depth=4, top_k=4, total_tokens=8))
+    own = [run_events(target, m(), ids, 24, eos_token_ids=eos) for m in make]
+    last = (target.num_layers,)
+    shared = SharedPrefill([*real_eagle.feature_layers, *last])
+    passes = []
+    forward = target.forward
+    monkeypatch.setattr(target, "forward",
+                        lambda cache, x, *a, **k: (passes.append(len(x)), forward(cache, x, *a, **k))[1])
+    got = [run_events(target, m(), ids, 24, eos_token_ids=eos, prefill=shared) for m in make]
+    assert passes.count(len(ids)) == 1
+    for mine, theirs in zip(got, own):
+        assert output_ids(mine) == output_ids(theirs)
+        assert mine[0].seconds >= shared._made[3]
+    with target.capture_features(last) as features:
+        target.forward(target.new_cache(), torch.tensor(ids), last_only=True)
+        alone = features()
+    cache, logits, feats, _ = shared.take(target, ids, last)
+    assert torch.equal(feats, alone) and cache.get_seq_length() == len(ids) and logits.shape == (1, target.vocab_size)
+    with pytest.raises(ValueError, match="not captured"):
+        shared.take(target, ids, (next(i for i in range(target.num_layers) if i not in shared.layers),))
+    with pytest.raises(ValueError, match="one prompt"):
+        shared.take(target, ids[:-1], last)
 
 
 def test_trainer_loss_falls_and_agreement_rises():

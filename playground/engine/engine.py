@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from . import methods as _methods  # noqa: F401  (registers every method)
-from .decoding import GenerationSettings, decode
+from .decoding import GenerationSettings, SharedPrefill, decode
 from .drafter import Drafter
 from .events import StepEvent, round_robin
 from .learned import LEARNED, MAX_LEARNING_SCOPES, ScopeLRU, check_scope, current_scope, in_scope, scoped_key
@@ -55,14 +55,10 @@ class Engine:
     """
 
     def __init__(self, target, draft=None, medusa=None, draft_medusa=None, eagle=None, datastore=None):
-        self.target = target
-        self.draft = draft
+        self.target, self.draft, self.medusa, self.draft_medusa = target, draft, medusa, draft_medusa
+        self.eagle, self.datastore = eagle, datastore
         self.target_lm = CausalLM(target.model)
         self.draft_lm = CausalLM(draft.model) if draft is not None else None
-        self.medusa = medusa
-        self.draft_medusa = draft_medusa
-        self.eagle = eagle
-        self.datastore = datastore
         self.left_out: set[str] = set()  # parts Engine.load was told to leave out (unavailable_reason)
         self._lock = threading.RLock()  # one step (or one calibration) at a time
         self._persistent: dict[str, Any] = {}
@@ -454,11 +450,11 @@ class Engine:
         return self._steps(prompt_ids, spec.name, drafter, settings, cancel)
 
     def _steps(self, prompt_ids: list[int], method: str, drafter: Drafter, settings: GenerationSettings,
-               cancel: threading.Event | None) -> Iterator[StepEvent]:
+               cancel: threading.Event | None, prefill: SharedPrefill | None = None) -> Iterator[StepEvent]:
         """The events of ``drafter`` on checked ``prompt_ids``, each step under the engine's lock."""
         gen = decode(self.target_lm, drafter, prompt_ids, settings, eos_token_ids=self.target.eos_token_ids,
                      tokenizer=self.target.tokenizer, context_length=self.target.context_length,
-                     cancel=cancel, method=method)
+                     cancel=cancel, method=method, prefill=prefill)
         while True:
             with self._lock:
                 event = next(gen, None)
@@ -468,7 +464,8 @@ class Engine:
 
     def run(self, prompt_ids, specs: list[MethodSpec], settings: GenerationSettings,
             cancel: threading.Event | None = None, scope: str | None = None) -> Iterator[StepEvent]:
-        """Run several methods side by side, round-robin, one step each in turn.
+        """Run several methods side by side, round-robin, one step each in turn; the prompt's pass is
+        made once for all (:class:`~.decoding.SharedPrefill`), its seconds in each method's first step.
 
         Args:
             prompt_ids: ``(prompt_len,)`` token ids (see :meth:`encode_prompt`): any 1-D sequence
@@ -495,5 +492,6 @@ class Engine:
                 ``cancel`` not an event, ``scope`` not a string.
         """
         prompt_ids, drafters, settings = self._check_run(prompt_ids, specs, settings, cancel, scope)
-        return round_robin([(s.name, self._steps(prompt_ids, s.name, d, settings, cancel))
+        shared = SharedPrefill([i for d in drafters for i in d.feature_layers])  # one prompt pass for all
+        return round_robin([(s.name, self._steps(prompt_ids, s.name, d, settings, cancel, shared))
                             for s, d in zip(specs, drafters)])
