@@ -287,6 +287,16 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
                             run_btn = gr.Button("Run", variant="primary", elem_id="run")
                             stop_btn = gr.Button("Stop", variant="stop", elem_id="stop", interactive=False)
                         status = gr.HTML("", elem_id="status", label="status")
+                        # Under Run, not at the foot of the scrolling method list (a new user did not find it).
+                        with gr.Accordion("Generation settings", open=False, elem_id="gen-settings"):
+                            gen = [knob_input(k, f"gen-{k.name}") for k in GENERATION_KNOBS]
+                            gen.append(gr.Textbox(label="Stop strings", lines=2, elem_id="gen-stop",
+                                                  placeholder="one per line, e.g. ###",
+                                                  info="Each output ends at the first of these texts (kept)."))
+                            model_gen = engine.generation_defaults()
+                            gen.append(knob_input(REPETITION_PENALTY_KNOB, "gen-repetition_penalty",
+                                                  value=model_gen["applied"].get("repetition_penalty", 1.0)))
+                            gr.Markdown(model_settings_note(model_gen), elem_id="gen-from-model")
                     with gr.Column(scale=2, elem_id="method-list"):  # scrolls inside a capped height
                         gr.Markdown("### Methods")
                         use, knobs, reasons = {}, [], {}
@@ -308,15 +318,6 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
                                     if m == "lookahead":  # tokens per pass next to W/N/G, and presets
                                         insight.lookahead_controls(dict(zip([k.name for k in info.knobs],
                                                                             knobs[-len(info.knobs):])))
-                        with gr.Accordion("Generation settings", open=False):
-                            gen = [knob_input(k, f"gen-{k.name}") for k in GENERATION_KNOBS]
-                            gen.append(gr.Textbox(label="Stop strings", lines=2, elem_id="gen-stop",
-                                                  placeholder="one per line, e.g. ###",
-                                                  info="Each output ends at the first of these texts (kept)."))
-                            model_gen = engine.generation_defaults()
-                            gen.append(knob_input(REPETITION_PENALTY_KNOB, "gen-repetition_penalty",
-                                                  value=model_gen["applied"].get("repetition_penalty", 1.0)))
-                            gr.Markdown(model_settings_note(model_gen), elem_id="gen-from-model")
 
                 def legend_html(e: Engine) -> str:
                     return guide.legend_with_guide_html(legend_sources(e), source_labels())
@@ -391,17 +392,23 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
             [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)]
             + [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in input_names() + ["engine_key"]])
 
+        # While a run streams, the method ticks are locked (changed mid-run, a running method's panel vanished
+        # and a new one stood empty) and come back as the session's models allow.
         def arm(request: gr.Request):
             STOPS.arm(getattr(request, "session_hash", None))
-            return gr.Button(interactive=False), gr.Button(interactive=True)
+            return gr.Button(interactive=False), gr.Button(interactive=True), *(gr.Checkbox(interactive=False),) * len(use)
 
-        armed = run_btn.click(arm, None, [run_btn, stop_btn], api_visibility="private", queue=False)
+        def idle(key):
+            e = models.cache.get(key) or engine
+            return (gr.Button(interactive=True), gr.Button(interactive=False),
+                    *(gr.Checkbox(interactive=e.unavailable_reason(m) is None) for m in use))
+
+        armed = run_btn.click(arm, None, [run_btn, stop_btn, *use.values()], api_visibility="private", queue=False)
         run_event = armed.then(run, [prompt, *use.values(), *knobs, *gen, models.key],
                                [status, *panel_outputs, chart, bars, run_steps, last_run], api_name="run",
                                concurrency_id="engine")
         inspector.wire(run_event)
-        run_event.then(lambda: (gr.Button(interactive=True), gr.Button(interactive=False)), None,
-                       [run_btn, stop_btn], api_visibility="private", queue=False)
+        run_event.then(idle, models.key, [run_btn, stop_btn, *use.values()], api_visibility="private", queue=False)
         # The per-run charts and the draft panel's insight, from the finished run's plain data.
         run_event.then(insight.after_run, [last_run, models.key], [*run_charts, *draft_insight],
                        api_visibility="private", queue=False)

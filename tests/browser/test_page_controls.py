@@ -43,6 +43,9 @@ def test_twenty_run_stop_cycles_each_end_stopped(browser, url):  # noqa: F811
         for cycle in range(CYCLES):
             run.click()
             expect(run).to_be_disabled(timeout=10_000)  # no second run while one is in flight
+            if cycle == 0:  # nor other methods: the ticks are locked until the run ends
+                for m in METHODS:
+                    expect(page.locator(f"#use-{m} input[type=checkbox]")).to_be_disabled()
             page.wait_for_timeout(rng.uniform(0, 2500))  # a random moment: queued, prefill or mid-stream
             stop.click()
             # Stop answers at once, even while the first run still times this device's step-cost
@@ -50,6 +53,9 @@ def test_twenty_run_stop_cycles_each_end_stopped(browser, url):  # noqa: F811
             expect(status).to_contain_text("Stopped after", timeout=30_000)
             expect(run).to_be_enabled(timeout=30_000)
             expect(stop).to_be_disabled()
+            if cycle == 0:
+                for m in METHODS:
+                    expect(page.locator(f"#use-{m} input[type=checkbox]")).to_be_enabled()
             text = {m: page.locator(f"#panel-{m}").inner_text() for m in METHODS}
             for m in METHODS:
                 if "stopped before the first token" not in text[m]:  # a panel with text: its stats say so
@@ -81,6 +87,9 @@ def test_typed_values_are_corrected_once_with_a_message_and_bad_options_are_not_
         page.goto(url)
         expect(page.locator("#prompt textarea")).to_be_visible(timeout=60_000)
         page.locator("#prompt textarea").fill("Say hello.")
+        # The generation settings sit under Run, beside the prompt, not at the foot of the method list.
+        run_box, gen_box = page.locator("#run").bounding_box(), page.locator("#gen-settings").bounding_box()
+        assert gen_box["y"] > run_box["y"] and gen_box["x"] < page.locator("#method-list").bounding_box()["x"]
         page.get_by_text("Generation settings", exact=True).click()
         max_new = page.locator("#gen-max_new_tokens input[type=number]")
         clamped = "Max new tokens: allowed values are 1 to 2048 (whole numbers); 5000 is clamped to 2048."
