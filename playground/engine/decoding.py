@@ -160,10 +160,14 @@ class SharedPrefill:
     Args:
         layers: every feature layer some method reads (:attr:`Drafter.feature_layers`, repeats allowed):
             the pass captures each once, and a method gets its own layers' columns, in its order.
+        users: how many methods will take it: after the last, the pass's own cache is dropped (each
+            method holds its copy; over a long context the original would be one cache too many).
+            None: kept until this object goes.
     """
 
-    def __init__(self, layers=()):
+    def __init__(self, layers=(), users: int | None = None):
         self.layers = tuple(dict.fromkeys(int(i) for i in layers))
+        self.users = users
         self._made = None  # (cache, logits (1, vocab), features (prompt_len, len(layers) * hidden) or None, seconds)
         self._lock = threading.Lock()
 
@@ -185,16 +189,21 @@ class SharedPrefill:
                     feats = features() if self.layers else None
                 self._made = (cache, logits, feats, target.clock() - t0, list(prompt_ids))
             cache, logits, feats, seconds, prompt = self._made
-        if list(prompt_ids) != prompt:
-            raise ValueError("a shared prefill serves one prompt")
-        missing = [i for i in layers if i not in self.layers]
-        if missing:
-            raise ValueError(f"feature layers {missing} were not captured by the shared prefill {self.layers}")
-        mine = None
-        if layers:
-            width = feats.shape[-1] // len(self.layers)
-            mine = torch.cat([feats[:, j * width:(j + 1) * width] for j in map(self.layers.index, layers)], dim=-1)
-        return copy.deepcopy(cache), logits.clone(), mine, seconds
+            if list(prompt_ids) != prompt:
+                raise ValueError("a shared prefill serves one prompt")
+            missing = [i for i in layers if i not in self.layers]
+            if missing:
+                raise ValueError(f"feature layers {missing} were not captured by the shared prefill {self.layers}")
+            mine = None
+            if layers:
+                width = feats.shape[-1] // len(self.layers)
+                mine = torch.cat([feats[:, j * width:(j + 1) * width] for j in map(self.layers.index, layers)], dim=-1)
+            taken = copy.deepcopy(cache), logits.clone(), mine, seconds
+            if self.users is not None:
+                self.users -= 1
+                if self.users <= 0:
+                    self._made = None  # every method has its copy
+            return taken
 
 
 def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: GenerationSettings,
