@@ -64,16 +64,3 @@ def test_the_draft_proposer_without_draft_heads_is_not_offered():
     engine.draft_medusa = object()
     assert "medusa_heads" in Engine.knob_choices(engine, "draft_model", "proposer")
     assert Engine.knob_choices(engine, "draft_model", "k") is None
-
-
-def test_knobs_an_api_client_leaves_out_take_the_loaded_models_defaults():
-    """run_arguments sends None for a knob it was not given, and the run leaves it to the engine, which
-    fills the draft's saved K, as the page does (the API sent the global K = 4 where the page ran 2)."""
-    from playground.engine import Engine
-
-    _, (left,), _ = _parse(tuple(run_arguments("Hi", ["draft_model"])))
-    _, (given,), _ = _parse(tuple(run_arguments("Hi", ["draft_model"], {"draft_model": {"k": 3}})))
-    assert "k" not in left.params and given.params["k"] == 3
-    engine = Engine.__new__(Engine)  # only its draft's saved knobs matter here
-    engine.draft = type("Draft", (), {"knob_defaults": {"k": 2}})()
-    assert engine.with_defaults(left).params["k"] == 2 and engine.with_defaults(given).params["k"] == 3

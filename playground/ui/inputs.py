@@ -46,9 +46,7 @@ def run_arguments(prompt: str, methods: list[str], params: dict[str, dict] | Non
     Args:
         prompt: the user message.
         methods: names of the methods to tick.
-        params: method -> {knob: value}; a knob left out is sent as None, which the run takes as the
-            loaded models' default, as the page shows it (the draft model's K saved with the draft, not
-            the knob's global default).
+        params: method -> {knob: value}; missing knobs take their defaults.
         generation: ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``
             (defaults from :data:`GENERATION_KNOBS`), ``stop_strings`` (a list, or lines of text)
             and ``repetition_penalty`` (default None: the model's own value).
@@ -77,7 +75,7 @@ def run_arguments(prompt: str, methods: list[str], params: dict[str, dict] | Non
         if bad:
             raise ValueError(f"{m} has no knob {bad[0]!r}; its knobs: {', '.join(k.name for k in METHODS[m].knobs)}")
     args: list = [prompt] + [m in methods for m in METHODS]
-    args += [params.get(m, {}).get(k.name) for m, info in METHODS.items() for k in info.knobs]
+    args += [params.get(m, {}).get(k.name, k.default) for m, info in METHODS.items() for k in info.knobs]
     stops = generation.get(STOP_INPUT, "")
     return args + [generation.get(k.name, k.default) for k in GENERATION_KNOBS] + \
         ["\n".join(stops) if isinstance(stops, (list, tuple)) else stops, generation.get(PENALTY_INPUT)]
@@ -99,9 +97,8 @@ def _parse(values: tuple) -> tuple[str, list[MethodSpec], GenerationSettings]:
     specs = []
     for m in chosen:
         label = METHODS[m].label
-        try:  # each knob with the page's label, then the checks across knobs; None: the models' default
-            params = {k.name: page_check(k, k.label, v[f"{m}_{k.name}"]) for k in METHODS[m].knobs
-                      if v[f"{m}_{k.name}"] is not None}
+        try:  # each knob with the page's label, then the checks across knobs
+            params = {k.name: page_check(k, k.label, v[f"{m}_{k.name}"]) for k in METHODS[m].knobs}
             spec = MethodSpec(m, params)
             spec.checked_params()
         except ValueError as e:
