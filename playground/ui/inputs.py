@@ -46,7 +46,10 @@ def run_arguments(prompt: str, methods: list[str], params: dict[str, dict] | Non
     Args:
         prompt: the user message.
         methods: names of the methods to tick.
-        params: method -> {knob: value}; missing knobs take their defaults.
+        params: method -> {knob: value}; missing knobs take the knobs' global defaults, which may differ
+            from the page's: the page starts the draft model's K at the value saved with the loaded
+            draft (2 for the shipped one, against the global 4), so give ``{"draft_model": {"k": 2}}`` to
+            run what the page runs. (A knob the page sends empty is refused, so None cannot mean "default".)
         generation: ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``
             (defaults from :data:`GENERATION_KNOBS`), ``stop_strings`` (a list, or lines of text)
             and ``repetition_penalty`` (default None: the model's own value).
