@@ -408,7 +408,8 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
                                [status, *panel_outputs, chart, bars, run_steps, last_run], api_name="run",
                                concurrency_id="engine")
         inspector.wire(run_event)
-        run_event.then(idle, models.key, [run_btn, stop_btn, *use.values()], api_visibility="private", queue=False)
+        for ended in (run_event.then, run_event.failure):  # .then skips a run that raised (gr.Error: models gone)
+            ended(idle, models.key, [run_btn, stop_btn, *use.values()], api_visibility="private", queue=False)
         # The per-run charts and the draft panel's insight, from the finished run's plain data.
         run_event.then(insight.after_run, [last_run, models.key], [*run_charts, *draft_insight],
                        api_visibility="private", queue=False)
