@@ -11,7 +11,6 @@ cannot disagree. Downloads hold the same records the CLI writes (JSONL) and the 
 
 from __future__ import annotations
 
-import csv
 import html
 import os
 import re
@@ -28,13 +27,12 @@ from playground.engine import BASELINE, METHODS, Knob, MethodSpec
 from . import charts, models_tab, render, worker
 from .knobs import LooseCheckboxGroup, knob_input
 from .run_control import EventPump
-from .bench_view import (column_widths, ended_progress, number_text, plan_html, plan_problem_html,  # noqa: F401
-                         progress_html, speedup_text, status_text)
+from .bench_view import (column_widths, ended_progress, load_leaderboard, number_text, plan_html,  # noqa: F401
+                         plan_problem_html, progress_html, speedup_text, status_text, write_files)
 from .toast import warning
 
 SETS = {"Spec-Bench dev (bundled)": "spec_bench", "HumanEval dev (bundled)": "humaneval"}
 UPLOAD = "Upload a JSONL file"
-LEADERBOARD_CSV = bench.ASSETS / "spec_bench_leaderboard.csv"
 MAX_PAGE_QUESTIONS = 40
 """Most questions one benchmark from the page may run (the CLI has no such bound)."""
 MAX_PAGE_NEW_TOKENS = 512
@@ -189,23 +187,6 @@ def tables(records: list[dict]) -> tuple[list[dict], list[str], list[list], list
     return rows, header, lines, [[r["category"], *bench.table_cells(r)] for r in rows]
 
 
-def load_leaderboard(path: Path = LEADERBOARD_CSV) -> tuple[list[str], list[list[str]]]:
-    """The published Spec-Bench leaderboard as ``(header, rows)``; empty when the file is missing."""
-    try:
-        with open(path, encoding="utf-8", newline="") as f:
-            rows = list(csv.reader(f))
-    except OSError:
-        return [], []
-    return (rows[0], rows[1:]) if rows else ([], [])
-
-
-def _write_files(records: list[dict], folder: Path) -> tuple[str, str]:
-    jsonl, csv_path = folder / "results.jsonl", folder / "results.csv"
-    jsonl.write_text(bench.to_jsonl(records), encoding="utf-8")
-    csv_path.write_text(bench.to_csv(records), encoding="utf-8")
-    return str(csv_path), str(jsonl)
-
-
 def _frame(header: list[str], lines: list[list]):
     """A results table's update: :func:`table_value`, columns as wide as their longest word."""
     shown = table_value(header, lines)
@@ -354,10 +335,10 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
                 continue
             note = f"question {rec['question_id']}, turn {rec['turn'] + 1}: every method done"
             yield _outputs(status_text(f"Running… {render.plural(len(records), 'run')} done"),
-                           progress_html(done, total, note, running=True), records, _write_files(records, folder))
+                           progress_html(done, total, note, running=True), records, write_files(records, folder))
         yield _outputs(status_text(f"Done: {render.plural(len(records), 'run')} in {time.perf_counter() - t0:.0f} s "
                                    f"(greedy, max new tokens {max_new})."), progress_html(done, total, "done"),
-                       records, _write_files(records, folder) if records else (None, None))
+                       records, write_files(records, folder) if records else (None, None))
     except Exception as e:  # never let a benchmark take the server down
         message = f"Unexpected error: {type(e).__name__}: {_user_message(e, upload)}"
         warning(message)
@@ -425,10 +406,7 @@ def build(engine, models=None) -> None:
             with gr.Row():
                 run_btn = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="bench-stop", interactive=False)
-            # Recomputed whenever an input changes (Gradio re-runs a value function on its inputs' changes).
-            session = [models.key] if models is not None else []
-            gr.HTML(lambda *v: plan(models.cache.get(v[-1]) if models is not None else engine, *v[:6]),
-                    inputs=[qset, upload, cats, methods, per_category, max_new, *session], elem_id="bench-plan")
+            plan_line = gr.HTML(elem_id="bench-plan")
             knob_inputs = []
             with gr.Accordion("Method settings", open=False, elem_id="bench-knobs"):
                 for m, k in knob_keys():
@@ -468,6 +446,12 @@ def build(engine, models=None) -> None:
         choices, note = category_choices(set_name, up)
         return gr.CheckboxGroup(choices=_category_options(choices), value=choices, info=note)
 
+    # On load and on every change of an input; the latest change always wins (a value function's default
+    # "once" dropped a change made while one was pending: the line kept the last question set's categories).
+    session = [models.key] if models is not None else []
+    gr.on(None, lambda *v: plan(models.cache.get(v[-1]) if models is not None else engine, *v[:6]),
+          [qset, upload, cats, methods, per_category, max_new, *session], plan_line, trigger_mode="always_last",
+          queue=False, show_progress="hidden", api_visibility="private")
     qset.change(lambda name, up: (refresh(name, up), gr.File(visible=name == UPLOAD)), [qset, upload],
                 [cats, upload], api_visibility="private", queue=False)
     upload.change(lambda up: (UPLOAD, refresh(UPLOAD, up)) if up else (gr.skip(), gr.skip()), upload, [qset, cats],

@@ -3,10 +3,17 @@ numbers in the tables."""
 
 from __future__ import annotations
 
+import csv
 import html
 import re
+from pathlib import Path
 
 import gradio as gr
+
+from playground import bench
+
+LEADERBOARD_CSV = bench.ASSETS / "spec_bench_leaderboard.csv"
+"""The published Spec-Bench leaderboard the tab shows for reference."""
 
 
 def progress_html(done: int, total: int, text: str, running: bool = False) -> str:
@@ -95,3 +102,21 @@ def column_widths(titles: list[str], rows: list[list]) -> list[str]:
         return max((len(w) for w in str(v).split()), default=1)
     return [f"{CELL_PAD_PX + CHAR_PX * max([longest(t), *(longest(r[i]) for r in rows if i < len(r))]):.0f}px"
             for i, t in enumerate(titles)]
+
+
+def load_leaderboard(path: Path = LEADERBOARD_CSV) -> tuple[list[str], list[list[str]]]:
+    """The published Spec-Bench leaderboard as ``(header, rows)``; empty when the file is missing."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            rows = list(csv.reader(f))
+    except OSError:
+        return [], []
+    return (rows[0], rows[1:]) if rows else ([], [])
+
+
+def write_files(records: list[dict], folder: Path) -> tuple[str, str]:
+    """Write the records as ``results.jsonl`` and ``results.csv`` in ``folder``: ``(csv path, jsonl path)``."""
+    jsonl, csv_path = folder / "results.jsonl", folder / "results.csv"
+    jsonl.write_text(bench.to_jsonl(records), encoding="utf-8")
+    csv_path.write_text(bench.to_csv(records), encoding="utf-8")
+    return str(csv_path), str(jsonl)

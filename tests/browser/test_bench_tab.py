@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -76,6 +77,12 @@ def test_defaults_labels_and_upload_errors(page, tmp_path):
     page.locator("#bench-categories").get_by_label("writing").uncheck()
     expect(plan).to_contain_text("Next run: 24 questions (38 turns) × ", timeout=30_000)
     page.locator("#bench-categories").get_by_label("writing").check()
+    # Another question set: the line follows its categories (it kept the last set's, "no questions in ...").
+    page.locator("#bench-set").get_by_label("HumanEval dev (bundled)").check()
+    expect(plan).to_contain_text(re.compile(r"Next run: \d+ questions × "), timeout=30_000)
+    expect(plan).not_to_contain_text("Run would stop here")
+    page.locator("#bench-set").get_by_label("Spec-Bench dev (bundled)").check()
+    expect(plan).to_contain_text("Next run: 26 questions (42 turns) × ", timeout=30_000)
     assert page.locator("#bench-run").bounding_box()["y"] < page.locator("#bench-knobs").bounding_box()["y"]
 
     # Nothing runs: Stop is disabled (pressed, it said "Stopped" beside "not started").
