@@ -151,25 +151,49 @@ class SharedPrefill:
 
     Every method's first step is the same target pass over the same prompt (a drafter's own work on
     the prompt, such as a draft model's prefill, stays its own). Run once and given to each method as
-    a copy of its KV cache, it costs one pass instead of one per method (ten methods on a 836-token
-    passage: about 3 s instead of 30 s on a 2-vCPU CPU), and every method's time to first token holds
-    the same measured seconds, so the timing noise of ten separate passes (0.8 s of 3 s between two
-    of them, seen on a loaded machine) no longer ranks the methods. Outputs are unchanged: the cache,
+    a copy of its KV cache, it costs one pass instead of one per method (ten methods on an 836-token
+    passage: 1.6 s instead of 16 s on a 2-vCPU AMD EPYC, two threads), and every method's time to first
+    token holds the same measured seconds, so the timing noise of ten separate passes (0.8 s of 3 s
+    between two of them on a loaded machine, one thread) no longer ranks the methods. Outputs are unchanged: the cache,
     logits and features are those each method computed for itself.
 
     Args:
-        layers: every feature layer some method reads (:attr:`Drafter.feature_layers`, repeats allowed):
+        layers: every feature layer some method reads (:attr:`Drafter.feature_layers`, repeats allowed;
+            numbered as :meth:`CausalLM.capture_features` numbers them, -1 being ``num_layers``):
             the pass captures each once, and a method gets its own layers' columns, in its order.
-        users: how many methods will take it: after the last, the pass's own cache is dropped (each
-            method holds its copy; over a long context the original would be one cache too many).
-            None: kept until this object goes.
+        users: how many methods will take it: after the last (or its failure, :meth:`release`), the
+            pass's own cache is dropped (each method holds its copy; over a long context the original
+            would be one cache too many). None: kept until this object goes.
+        num_layers: the target's decoder layers: layers are checked against it here, at the run's
+            call, so that one method's bad layer fails that call, not every method's first step.
+
+    Raises:
+        ValueError: a layer outside ``[-num_layers - 1, num_layers]``.
     """
 
-    def __init__(self, layers=(), users: int | None = None):
-        self.layers = tuple(dict.fromkeys(int(i) for i in layers))
+    def __init__(self, layers=(), users: int | None = None, num_layers: int | None = None):
+        self.num_layers = num_layers
+        self.layers = tuple(dict.fromkeys(self._layer(i) for i in layers))
         self.users = users
         self._made = None  # (cache, logits (1, vocab), features (prompt_len, len(layers) * hidden) or None, seconds)
         self._lock = threading.Lock()
+
+    def _layer(self, i) -> int:
+        """Layer ``i`` numbered from 0 (-1 and ``num_layers`` are one layer, captured once)."""
+        n = self.num_layers
+        if n is None:
+            return int(i)
+        if not -n - 1 <= int(i) <= n:
+            raise ValueError(f"feature layer {i} is outside [{-n - 1}, {n}] for a target of {n} layers")
+        return int(i) % (n + 1)
+
+    def release(self) -> None:
+        """One user is done (it took its copy, or failed before): after the last, drop the pass."""
+        with self._lock:
+            if self.users is not None:
+                self.users -= 1
+                if self.users <= 0:
+                    self._made = None
 
     def take(self, target: CausalLM, prompt_ids: list[int], layers: tuple[int, ...]):
         """``(cache, logits, features, seconds)`` for one method: a copy of the prompt's KV cache,
@@ -191,19 +215,16 @@ class SharedPrefill:
             cache, logits, feats, seconds, prompt = self._made
             if list(prompt_ids) != prompt:
                 raise ValueError("a shared prefill serves one prompt")
-            missing = [i for i in layers if i not in self.layers]
+            mine, wanted = None, [self._layer(i) for i in layers]
+            missing = [i for i, j in zip(layers, wanted) if j not in self.layers]
             if missing:
                 raise ValueError(f"feature layers {missing} were not captured by the shared prefill {self.layers}")
-            mine = None
             if layers:
                 width = feats.shape[-1] // len(self.layers)
-                mine = torch.cat([feats[:, j * width:(j + 1) * width] for j in map(self.layers.index, layers)], dim=-1)
+                mine = torch.cat([feats[:, j * width:(j + 1) * width] for j in map(self.layers.index, wanted)], dim=-1)
             taken = copy.deepcopy(cache), logits.clone(), mine, seconds
-            if self.users is not None:
-                self.users -= 1
-                if self.users <= 0:
-                    self._made = None  # every method has its copy
-            return taken
+        self.release()
+        return taken
 
 
 def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: GenerationSettings,
@@ -253,17 +274,22 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
     # Prefill: one pass over the prompt gives the first new token (time to first token). The
     # drafter's own work on the prompt (suffix trees, n-gram pools, caches) is timed with it.
     t0 = target.clock()
-    drafter.begin(list(prompt_ids))
-    shared_s = 0.0  # with a shared prefill: its seconds in place of the time taken to copy it
-    if prefill is None:
-        cache = target.new_cache()
-        with target.capture_features(layers) as features:
-            logits = target.forward(cache, torch.tensor(prompt_ids, dtype=torch.long), last_only=True)
-            feats = features() if layers else None
-    else:
-        t1 = target.clock()
-        cache, logits, feats, seconds = prefill.take(target, list(prompt_ids), layers)
-        shared_s = seconds - (target.clock() - t1)
+    shared_s, taken = 0.0, prefill is None  # with a shared prefill: its seconds in place of the copy's
+    try:
+        drafter.begin(list(prompt_ids))
+        if prefill is None:
+            cache = target.new_cache()
+            with target.capture_features(layers) as features:
+                logits = target.forward(cache, torch.tensor(prompt_ids, dtype=torch.long), last_only=True)
+                feats = features() if layers else None
+        else:
+            t1 = target.clock()
+            cache, logits, feats, seconds = prefill.take(target, list(prompt_ids), layers)
+            taken, shared_s = True, seconds - (target.clock() - t1)
+    except BaseException:
+        if not taken:
+            prefill.release()  # this method will not take its copy: the pass must not wait for it
+        raise
     logits = apply_repetition_penalty(logits, prompt_ids, None, None, penalty)
     first = int(logits[0].argmax()) if sampling.greedy else \
         int(torch.multinomial(logits_to_probs(logits[0], sampling), 1, generator=generator).item())

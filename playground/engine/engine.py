@@ -492,6 +492,7 @@ class Engine:
                 ``cancel`` not an event, ``scope`` not a string.
         """
         prompt_ids, drafters, settings = self._check_run(prompt_ids, specs, settings, cancel, scope)
-        shared = SharedPrefill([i for d in drafters for i in d.feature_layers], len(drafters))  # one pass for all
+        shared = SharedPrefill([i for d in drafters for i in d.feature_layers], len(drafters),  # one pass for all
+                               self.target_lm.num_layers)
         return round_robin([(s.name, self._steps(prompt_ids, s.name, d, settings, cancel, shared))
                             for s, d in zip(specs, drafters)])

@@ -51,8 +51,8 @@ def plan_html(turns: int, questions: int, methods: int, max_new_tokens: int, ste
         step_seconds: seconds of one plain decoding step on this device (the per-step budget's timing),
             or None when not timed yet: then no duration is given.
 
-    The duration is an upper bound of the decoding: every run at plain decoding's speed to the cap
-    (speculative methods take less; prompts' prefill and the untimed warm-up are not counted).
+    The duration is every run decoding to the cap at plain decoding's speed of the timing (after a
+    short prompt): speculative methods take less, long prompts and the untimed warm-up more.
     """
     runs = turns * methods
     text = (f"Next run: {questions} question{'s' if questions != 1 else ''}"
@@ -62,8 +62,8 @@ def plan_html(turns: int, questions: int, methods: int, max_new_tokens: int, ste
     if step_seconds and step_seconds > 0:
         minutes = runs * max_new_tokens * step_seconds / 60
         took = f"{minutes:.0f} min" if minutes >= 1.5 else f"{max(1, round(minutes * 60)):.0f} s"
-        text += (f"; at most about {took} on this machine (every run at plain decoding's "
-                 f"{1 / step_seconds:.1f} tokens/s; speculative methods take less)")
+        text += (f"; about {took} on this machine if every run went at plain decoding's "
+                 f"{1 / step_seconds:.1f} tokens/s (speculative methods take less, long prompts more)")
     return f'<span class="bench-plan-text">{html.escape(text)}.</span>'
 
 

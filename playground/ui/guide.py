@@ -122,8 +122,9 @@ def overall_figures(stats: Mapping, baseline_tokens_per_s: float | None) -> tupl
 
 
 MIN_RANKED_TOKENS = 8
-"""The verdict ranks the methods' speeds only when the fastest and the baseline made this many tokens
-(a run stopped after its first token crowned a method from the prompt's pass and timing noise)."""
+"""The verdict ranks the methods' speeds only when the fastest and the baseline made this many tokens:
+over fewer (a run stopped at once, or a cap of a few tokens) the prompt's pass and timing noise decide
+(a run stopped after its first token crowned a method)."""
 
 
 def _tokens(d: Mapping) -> float:
@@ -219,7 +220,7 @@ def run_verdict(summary: Mapping | None) -> str:
         d = others[best]
         ratio, _ = overall_figures(d["stats"], base)
         fewest = min([BASELINE, best] if BASELINE in methods else [best], key=lambda m: _tokens(methods[m]))
-        if _tokens(methods[fewest]) < MIN_RANKED_TOKENS:  # stopped at once: the prompt's pass and noise decided
+        if _tokens(methods[fewest]) < MIN_RANKED_TOKENS:  # the prompt's pass and noise would decide
             who = "the baseline" if fewest == BASELINE else methods[fewest]["label"]
             head = f"Too few tokens to rank the speeds ({render.plural(int(_tokens(methods[fewest])), 'token')} from {who})"
         elif ratio is not None:

@@ -243,8 +243,10 @@ def waiting_status(making: str | None, seconds: float) -> str:
 
 
 def reading_status(view, prompt_tokens: int, labels: str) -> str:
-    """The status text while the methods read the prompt (each prefills it in turn, in page order:
-    "Reading the prompt (1,631 tokens) for Lookahead: method 3 of 5…"), then while they generate.
+    """The status text while the methods read the prompt, in page order ("Reading the prompt (1,631
+    tokens) for Lookahead: method 3 of 5…"; the first method's step runs the target over it for all,
+    each later one copies that and reads it into its own drafter, a draft model with its own pass), then
+    while they generate.
 
     Args:
         view: the run's view (``chosen``: method names; ``outputs[m].last``: None until m's first step).
