@@ -287,7 +287,8 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
                             run_btn = gr.Button("Run", variant="primary", elem_id="run")
                             stop_btn = gr.Button("Stop", variant="stop", elem_id="stop", interactive=False)
                         status = gr.HTML("", elem_id="status", label="status")
-                        # Under Run, not at the foot of the scrolling method list (a new user did not find it).
+                    with gr.Column(scale=2, elem_id="method-list"):  # scrolls inside a capped height
+                        # First in the method list, not at its foot below every method (a new user missed it).
                         with gr.Accordion("Generation settings", open=False, elem_id="gen-settings"):
                             gen = [knob_input(k, f"gen-{k.name}") for k in GENERATION_KNOBS]
                             gen.append(gr.Textbox(label="Stop strings", lines=2, elem_id="gen-stop",
@@ -297,7 +298,6 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
                             gen.append(knob_input(REPETITION_PENALTY_KNOB, "gen-repetition_penalty",
                                                   value=model_gen["applied"].get("repetition_penalty", 1.0)))
                             gr.Markdown(model_settings_note(model_gen), elem_id="gen-from-model")
-                    with gr.Column(scale=2, elem_id="method-list"):  # scrolls inside a capped height
                         gr.Markdown("### Methods")
                         use, knobs, reasons = {}, [], {}
                         for m, info in METHODS.items():

@@ -87,9 +87,9 @@ def test_typed_values_are_corrected_once_with_a_message_and_bad_options_are_not_
         page.goto(url)
         expect(page.locator("#prompt textarea")).to_be_visible(timeout=60_000)
         page.locator("#prompt textarea").fill("Say hello.")
-        # The generation settings sit under Run, beside the prompt, not at the foot of the method list.
-        run_box, gen_box = page.locator("#run").bounding_box(), page.locator("#gen-settings").bounding_box()
-        assert gen_box["y"] > run_box["y"] and gen_box["x"] < page.locator("#method-list").bounding_box()["x"]
+        # The generation settings come first in the method list, in view, not at its foot below every method.
+        gen_box, first = page.locator("#gen-settings").bounding_box(), page.locator("#use-autoregressive").bounding_box()
+        assert gen_box["y"] < first["y"] and gen_box["y"] < page.locator("#method-list").bounding_box()["y"] + 80
         page.get_by_text("Generation settings", exact=True).click()
         max_new = page.locator("#gen-max_new_tokens input[type=number]")
         clamped = "Max new tokens: allowed values are 1 to 2048 (whole numbers); 5000 is clamped to 2048."
