@@ -21,7 +21,7 @@ from .events import SOURCE_TARGET, RunStats, StepEvent, StepTree
 from .limits import MAX_NEW_TOKENS_KNOB, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, REPETITION_PENALTY_KNOB
 from .penalty import apply_repetition_penalty
 from .sampling import SamplingConfig, logits_to_probs
-from .target import CausalLM
+from .target import CausalLM, feature_layer
 from .tree import Candidates, pass_attention
 from .verify import verify
 
@@ -180,12 +180,7 @@ class SharedPrefill:
 
     def _layer(self, i) -> int:
         """Layer ``i`` numbered from 0 (-1 and ``num_layers`` are one layer, captured once)."""
-        n = self.num_layers
-        if n is None:
-            return int(i)
-        if not -n - 1 <= int(i) <= n:
-            raise ValueError(f"feature layer {i} is outside [{-n - 1}, {n}] for a target of {n} layers")
-        return int(i) % (n + 1)
+        return int(i) if self.num_layers is None else feature_layer(i, self.num_layers)
 
     def release(self) -> None:
         """One user is done (it took its copy, or failed before): after the last, drop the pass."""

@@ -20,6 +20,19 @@ def _hidden_kwargs(return_hidden: bool) -> dict:
     return {"output_hidden_states": True} if return_hidden else {}
 
 
+def feature_layer(i: int, num_layers: int) -> int:
+    """Feature layer ``i`` numbered from 0 to ``num_layers`` (as :meth:`CausalLM.capture_features` takes
+    them: -1 is ``num_layers``, the last layer's output after the final norm).
+
+    Raises:
+        ValueError: ``i`` outside ``[-num_layers - 1, num_layers]``.
+    """
+    n = num_layers
+    if not -n - 1 <= int(i) <= n:
+        raise ValueError(f"feature layer {i} is outside [{-n - 1}, {n}] for a target of {n} layers")
+    return int(i) % (n + 1)
+
+
 class CausalLM:
     """Forward passes with a KV cache for one model.
 
@@ -67,9 +80,7 @@ class CausalLM:
         seen: dict[int, torch.Tensor] = {}
         handles = []
         for pos, i in enumerate(layers):
-            if not -n - 1 <= i <= n:
-                raise ValueError(f"feature layer {i} is outside [{-n - 1}, {n}] for a target of {n} layers")
-            i = i % (n + 1)
+            i = feature_layer(i, n)
             if i == n:
                 handles.append(decoder.norm.register_forward_hook(
                     lambda mod, args, out, pos=pos: seen.__setitem__(pos, out)))

@@ -12,6 +12,8 @@ import gradio as gr
 
 from playground import bench
 
+from .render import plural
+
 LEADERBOARD_CSV = bench.ASSETS / "spec_bench_leaderboard.csv"
 """The published Spec-Bench leaderboard the tab shows for reference."""
 
@@ -55,10 +57,9 @@ def plan_html(turns: int, questions: int, methods: int, max_new_tokens: int, ste
     short prompt): speculative methods take less, long prompts and the untimed warm-up more.
     """
     runs = turns * methods
-    text = (f"Next run: {questions} question{'s' if questions != 1 else ''}"
-            + (f" ({turns} turns)" if turns != questions else "")
-            + f" × {methods} method{'s' if methods != 1 else ''} (autoregressive included) = {runs} "
-            f"run{'s' if runs != 1 else ''} of up to {max_new_tokens} new tokens")
+    text = (f"Next run: {plural(questions, 'question')}" + (f" ({turns} turns)" if turns != questions else "")
+            + f" × {plural(methods, 'method')} (autoregressive included) = {plural(runs, 'run')} of up to "
+            f"{max_new_tokens} new tokens")
     if step_seconds and step_seconds > 0:
         minutes = runs * max_new_tokens * step_seconds / 60
         took = f"{minutes:.0f} min" if minutes >= 1.5 else f"{max(1, round(minutes * 60)):.0f} s"
