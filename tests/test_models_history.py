@@ -146,6 +146,29 @@ def test_load_handler_updates_follow_the_new_engine(loads):
                                                  progress=lambda *a, **k: None)[1]
 
 
+def test_a_load_or_reset_during_a_run_leaves_the_method_ticks_locked(loads):
+    """Loading models (or going back to the server's) while the session's Playground run streams
+    updates the ticks' values but keeps them locked: ticked mid-run, a running method's panel
+    vanished. The run's end unlocks them (app.py's idle handler); other sessions are not affected."""
+    from playground.ui.run_control import StopSignals
+
+    stops = StopSignals()
+    panel = models_tab.ModelsPanel(FakeEngine("server"), locked=False, running=stops.armed)
+    panel.knob_keys, panel._n_updates = [], 2 * len(models_tab.METHODS)
+    flag = stops.arm("mine")
+    n = len(models_tab.METHODS)
+    mine, other = SimpleNamespace(session_hash="mine"), SimpleNamespace(session_hash="other")
+    out = panel.load("default", models_tab.SAME, "auto", "auto", None, mine, progress=lambda *a, **k: None)
+    assert all(box["interactive"] is False for box in out[4:4 + n])
+    assert out[4 + list(models_tab.METHODS).index("draft_model")]["value"] is True  # it follows the new models
+    assert all(box["interactive"] is False for box in panel.reset(out[0], mine)[4:4 + n])
+    free = [m != "draft_model" for m in models_tab.METHODS]  # the server's models have no draft
+    assert [box["interactive"] for box in panel.reset(out[0], other)[4:4 + n]] == free
+    stops.release("mine", flag)
+    assert not stops.armed("mine")
+    assert [box["interactive"] for box in panel.reset(out[0], mine)[4:4 + n]] == free
+
+
 def test_progress_in_page_terms():
     """Engine.load's stage messages become 'Target: …' / 'Draft: …' with a growing fraction, no paths."""
     shown = []

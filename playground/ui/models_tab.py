@@ -104,8 +104,7 @@ class ModelChoice:
         return cls(**json.loads(key[len(KEY_PREFIX):]))
 
 
-def _spec(value: str) -> str | None:
-    """``Engine.load``'s spec for a companion choice (None: the shipped one; ``"none"``: none)."""
+def _spec(value: str) -> str | None:  # Engine.load's spec for a companion (None: the shipped one)
     return None if value == AUTO else value
 
 
@@ -145,8 +144,7 @@ class EngineCache:
         self.default, self.capacity = default, capacity
         self.default_key = worker.register(default)
         self._engines: OrderedDict[str, Engine] = OrderedDict()
-        self._lock = threading.Lock()
-        self._load_lock = threading.Lock()
+        self._lock, self._load_lock = threading.Lock(), threading.Lock()
 
     def keys(self) -> list[str]:
         """Keys of the loaded choices, least recently used first."""
@@ -350,15 +348,16 @@ def page_progress(progress, started: float | None = None):
 
 
 # ----- the tab --------------------------------------------------------------------------------------
-def method_updates(engine: Engine, before: Engine | None, knob_keys: list[tuple[str, str]]) -> list:
+def method_updates(engine: Engine, before: Engine | None, knob_keys: list[tuple[str, str]],
+                   running: bool = False) -> list:
     """Updates that make the Playground tab follow ``engine``: per method (METHODS order) its checkbox
-    (disabled and unticked when unavailable; ticked when it just became available) and its reason
-    line, then per knob (``knob_keys`` order) whether it can be changed."""
+    (disabled and unticked when unavailable; ticked when it just became available; locked while the
+    session's run is ``running``) and its reason line, then per knob whether it can be changed."""
     boxes, reasons = [], []
     for m in METHODS:
         reason = engine.unavailable_reason(m)
         newly = reason is None and before is not None and before.unavailable_reason(m) is not None
-        boxes.append(gr.update(interactive=reason is None, **({"value": False} if reason else
+        boxes.append(gr.update(interactive=reason is None and not running, **({"value": False} if reason else
                                                              {"value": True} if newly else {})))
         text = wording.unavailable_text(engine, m) if reason else None  # in page terms, no command lines
         reasons.append(gr.update(value=f"**Unavailable:** {text}" if reason else "", visible=bool(reason)))
@@ -392,11 +391,12 @@ class ModelsPanel:
         key: the session's engine key (a ``gr.State``; the server's engine key until a load).
         cache: the :class:`EngineCache` shared by every session of this page.
         locked: whether the operator fixed the models.
+        running: ``running(session_hash)``, whether the session's Playground run is on (its ticks stay locked).
     """
 
     def __init__(self, engine: Engine, locked: bool | None = None, folder: str | Path | None = None,
-                 title: str = ""):
-        self.cache = EngineCache(engine)
+                 title: str = "", running=lambda session: False):
+        self.cache, self.running = EngineCache(engine), running
         self.locked = worker.on_spaces() if locked is None else bool(locked)
         self.folder, self.title = models_dir(folder), title
         self.key = gr.State(self.cache.default_key)
@@ -433,7 +433,7 @@ class ModelsPanel:
         finally:
             self.cache.release(engine)
 
-    def load(self, target, draft, medusa, eagle, key, progress=gr.Progress()):
+    def load(self, target, draft, medusa, eagle, key, request: gr.Request = None, progress=gr.Progress()):
         """The Load handler: load the choice with a progress bar; the outputs follow the new engine."""
         before = self.cache.get(key)
         started = time.perf_counter()
@@ -446,18 +446,19 @@ class ModelsPanel:
             msg = render.status_html("warning", f"Could not load these models: {e}. The models loaded before "
                                                 "stay in use.")
             return (key, msg, gr.skip(), gr.skip(), *(gr.skip() for _ in range(self._n_updates)))
-        engine = self.cache.get(new_key)
+        engine, running = self.cache.get(new_key), self.running(getattr(request, "session_hash", None))
         done = render.status_html("done", f"Loaded in {time.perf_counter() - started:.1f} s, for this browser tab "
                                           "only. Every tab of the page now uses them.")
         return (new_key, done, models_markdown(engine), self.header_fn(engine),
-                *method_updates(engine, before, self.knob_keys))
+                *method_updates(engine, before, self.knob_keys, running))
 
-    def reset(self, key):
+    def reset(self, key, request: gr.Request = None):
         """Back to the server's models (the form too, so the next Load does not bring the last choice back)."""
-        engine = self.cache.default
+        engine, running = self.cache.default, self.running(getattr(request, "session_hash", None))
         return (self.cache.default_key, render.status_html("done", "Back to the server's models."),
                 models_markdown(engine), self.header_fn(engine),
-                *method_updates(engine, self.cache.get(key), self.knob_keys), "default", AUTO, AUTO, AUTO, None)
+                *method_updates(engine, self.cache.get(key), self.knob_keys, running),
+                "default", AUTO, AUTO, AUTO, None)
 
     def build(self, header, use: dict, reasons: dict, knobs: list, knob_keys: list[tuple[str, str]]) -> None:
         """Lay the tab out (inside a ``gr.Tab``) and wire it to the page header and the Playground

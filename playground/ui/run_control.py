@@ -68,6 +68,11 @@ class StopSignals:
             if key is not None and self._flags.get(key) is flag:
                 del self._flags[key]
 
+    def armed(self, key: str | None) -> bool:
+        """Whether ``key`` has a run armed (clicked, queued or streaming) that has not ended."""
+        with self._lock:
+            return key is not None and key in self._flags
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._flags)
