@@ -266,6 +266,29 @@ def test_token_colours_differ_and_legend_lists_loaded_heads():
     assert not [s for s in legend_sources(SimpleNamespace(medusa=None)) if s.startswith("medusa_head_")]
 
 
+def _cielab(hex_colour: str) -> tuple[float, float, float]:
+    """CIELAB (D65 white) of an sRGB ``#rrggbb`` colour, by the standard formulas."""
+    srgb = [int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = [((c + 0.055) / 1.055) ** 2.4 if c > 0.04045 else c / 12.92 for c in srgb]
+    x, y, z = ((0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047, 0.2126 * r + 0.7152 * g + 0.0722 * b,
+               (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883)
+    f = [v ** (1 / 3) if v > 0.008856 else 7.787 * v + 16 / 116 for v in (x, y, z)]
+    return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
+
+
+def test_every_method_colour_is_far_from_the_others():
+    """Ten methods side by side on one chart: no two share a hue a reader can confuse (the mixture's
+    dark yellow sat 22 CIELAB units from prompt lookup's amber); at least 30 apart."""
+    from itertools import combinations
+
+    from playground.ui import charts
+
+    colours = {m: charts.method_color(m) for m in METHODS}
+    for (m1, c1), (m2, c2) in combinations(colours.items(), 2):
+        distance = sum((p - q) ** 2 for p, q in zip(_cielab(c1), _cielab(c2))) ** 0.5
+        assert distance >= 30, (m1, c1, m2, c2, distance)
+
+
 def test_one_method_colour_for_all_charts():
     """Playground charts (by label) and Benchmark charts (by method name) colour a method alike."""
     from playground.ui import charts

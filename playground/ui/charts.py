@@ -15,9 +15,10 @@ import plotly.graph_objects as go
 from playground.engine import METHODS
 
 METHOD_COLORS = ("#2563eb", "#d97706", "#059669", "#db2777", "#7c3aed", "#0891b2", "#dc2626", "#65a30d",
-                 "#475569", "#a16207")
+                 "#475569", "#8c564b")
 """Line and bar colours, by the method's position in the registry: one hue per method (the registry's
-nine methods get nine different colours), mid-tones that read on the light and the dark theme."""
+ten methods get ten colours at least 30 CIELAB units apart; the mixture's was a dark yellow 22 from
+prompt lookup's amber), mid-tones that read on the light and the dark theme."""
 METHOD_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "cross", "x", "star", "triangle-down", "pentagon",
                   "hexagon")
 """Marker symbols, by the method's position in the registry: a second cue besides the colour."""
