@@ -156,16 +156,8 @@ class Situation:
             raise ValueError(f"cpu_isa must be one of {', '.join(CPU_ISAS)} or None, got {self.cpu_isa!r}")
 
 
-def cpu_isa() -> str | None:
-    """``"avx512"`` or ``"avx2"``: the vector instructions PyTorch uses on this CPU (None if neither
-    or unknown). The project's CPU measurements differ between the two."""
-    try:
-        import torch
-
-        cap = str(torch.backends.cpu.get_cpu_capability()).lower()
-    except Exception:  # noqa: BLE001 - an old torch or an odd platform: unknown
-        return None
-    return "avx512" if "avx512" in cap else "avx2" if "avx2" in cap else None
+cpu_isa = theory.cpu_isa
+"""``"avx512"`` or ``"avx2"`` for this CPU (None if neither or unknown): ``theory.cpu_isa``."""
 
 
 @dataclass

@@ -36,12 +36,13 @@ def measured_speedups(data: dict | None = None) -> dict[str, dict[str, dict]]:
 
 
 def fallback_verify_record(data: dict | None = None) -> tuple[dict, str] | None:
-    """``(record, machine label)`` of the measurements file's newest CPU verify cost (``theory.FALLBACK``'s)."""
-    data = load_measurements() if data is None else data
-    for r in data["verify_cost"]:
-        if r.get("device", "cpu") == "cpu":
-            return r, data["machines"].get(r.get("machine"), {}).get("label", r.get("machine", "another machine"))
-    return None
+    """``(record, machine label)`` of the verify cost ``theory.FALLBACK`` holds (``theory.fallback_record``:
+    the newest CPU measurement on a machine with this CPU's instruction set, else the newest)."""
+    found = theory.fallback_record(load_measurements() if data is None else data)
+    if found is None:
+        return None
+    record, machine = found
+    return record, machine.get("label", record.get("machine", "another machine"))
 
 
 MEASURED = measured_speedups()

@@ -9,7 +9,8 @@ lists of records, newest first, each naming its ``machine``, ``when`` and ``comm
 
 * ``verify_cost``: one target forward over n tokens relative to one token
   (``theory.measure_verify_cost``): ``relative`` n -> cost, ``one_token_s``, target, device, dtype,
-  threads, prefix_len, repeats. The newest CPU record is ``theory.FALLBACK``.
+  threads, prefix_len, repeats. ``theory.FALLBACK`` is the newest CPU record of a
+  machine with this CPU's instruction set (``theory.fallback_record``).
 * ``benchmarks``: per-method figures from one benchmark results file (records as
   ``python -m playground.bench --out`` writes them): ``methods`` name -> speedup (total tokens over
   total seconds against ``autoregressive``; over total ``steady_steps`` for round-robin records,

@@ -462,7 +462,7 @@ def test_cpu_notes_quote_the_measurements_file_and_name_the_machine():
                 continue
             newest.add((run["machine"], method))
             assert f"{fig['speedup']:.2f}x (" in notes and f"τ {fig['tau']:.2f}" in notes, fig
-    cost = data["verify_cost"][0]
+    cost, _ = theory.fallback_record(data)  # the newest on a CPU like this one
     assert data["machines"][cost["machine"]]["label"] in adv.measured_notes[0]
     assert f"{cost['relative']['9']:.1f}x" in adv.measured_notes[0]
     assert theory.FALLBACK.table == {int(n): v for n, v in cost["relative"].items()}
@@ -571,3 +571,23 @@ def test_a_loaded_drafters_reason_does_not_repeat_itself():
     text = html.unescape(md)
     for phrase in ("heads for the target are loaded", "head for the target is loaded"):
         assert text.count(phrase) <= 1, text
+
+
+def test_the_verify_cost_before_a_measurement_is_from_a_cpu_like_this_one():
+    """Until this device is measured, the advice, the Theory tab and the draft panel use the project's
+    newest CPU verify cost on a machine with this CPU's vector instructions (an AVX2 CPU quoted an
+    AVX-512 machine's 23-ms step, a third of its own), else the newest on any CPU."""
+    data = {"machines": {"a": {"label": "A", "isa": "avx512"}, "b": {"label": "B", "isa": "avx2"}},
+            "verify_cost": [{"machine": "g", "device": "cuda", "relative": {"1": 1.0}},
+                            {"machine": "a", "relative": {"1": 1.0, "9": 1.2}},
+                            {"machine": "b", "relative": {"1": 1.0, "9": 1.4}},
+                            {"machine": "b", "relative": {"1": 1.0, "9": 1.9}}]}
+    assert theory.fallback_record(data, "avx2") == (data["verify_cost"][2], data["machines"]["b"])
+    assert theory.fallback_record(data, "avx512")[0] is data["verify_cost"][1]
+    assert theory.fallback_record(data, "sve")[0] is data["verify_cost"][1]  # none like it: the newest CPU one
+    assert theory.fallback_record({"machines": {}, "verify_cost": data["verify_cost"][:1]}, "avx2") is None
+    real = measure.load()
+    record, machine = theory.fallback_record(real)
+    if advisor.cpu_isa() in {m.get("isa") for m in real["machines"].values()}:
+        assert machine["isa"] == advisor.cpu_isa()
+    assert theory.FALLBACK.table == {int(n): v for n, v in record["relative"].items()}

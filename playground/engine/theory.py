@@ -43,7 +43,7 @@ K_PRESETS = {"conservative": 2, "default": 4, "aggressive": 8}
 
 MEASUREMENTS_FILE = Path(__file__).resolve().parents[2] / "assets" / "measurements.json"
 """The project's measured figures (written by ``python -m playground.measure``); its ``verify_cost``
-records feed :data:`FALLBACK`."""
+records feed :data:`FALLBACK` (:func:`fallback_record`)."""
 
 DEFAULT_MEASURE_SIZES = (1, 2, 3, 5, 9, 17)
 VERIFY_COST_SIZES = (1, 2, 3, 4, 5, 8, 9, 12, 16, 17, 24, 32, 48, 65)
@@ -209,15 +209,40 @@ def verify_cost_from_record(record: Mapping, label: str = "") -> VerifyCost:
         "not on this device"))
 
 
-def load_fallback(path: Path | str = MEASUREMENTS_FILE) -> VerifyCost:
-    """The newest CPU verify-cost measurement in ``path`` (records are kept newest first), as the
-    cost to use until this device is measured; the paper's constant 1 when the file has none."""
+def cpu_isa() -> str | None:
+    """``"avx512"`` or ``"avx2"``: the vector instructions PyTorch uses on this CPU (None if neither
+    or unknown). The project's CPU measurements differ between the two."""
     try:
-        data = json.loads(Path(path).read_text())
-        record = next(r for r in data.get("verify_cost", []) if r.get("device", "cpu") == "cpu")
-    except (OSError, ValueError, StopIteration):
+        import torch
+
+        cap = str(torch.backends.cpu.get_cpu_capability()).lower()
+    except Exception:  # noqa: BLE001 - an old torch or an odd platform: unknown
+        return None
+    return "avx512" if "avx512" in cap else "avx2" if "avx2" in cap else None
+
+
+def fallback_record(data: Mapping, isa: str | None = None) -> tuple[dict, dict] | None:
+    """``(record, machine)`` of the CPU verify-cost record to use until this device is measured: the
+    newest of a machine with instruction set ``isa`` (this CPU's, :func:`cpu_isa`, when None), else
+    the newest of any CPU (records are kept newest first); None when ``data`` has no CPU record."""
+    machines = data.get("machines") or {}
+    cpu = [r for r in data.get("verify_cost", []) if r.get("device", "cpu") == "cpu"]
+    isa = cpu_isa() if isa is None else isa
+    record = next((r for r in cpu if machines.get(r.get("machine"), {}).get("isa") == isa), cpu[0] if cpu else None)
+    return None if record is None else (record, machines.get(record.get("machine"), {}))
+
+
+def load_fallback(path: Path | str = MEASUREMENTS_FILE, isa: str | None = None) -> VerifyCost:
+    """The verify cost to use until this device is measured (:func:`fallback_record` of ``path``: the
+    newest CPU measurement on a machine with this CPU's instruction set, else the newest on any);
+    the paper's constant 1 when the file has none."""
+    try:
+        found = fallback_record(json.loads(Path(path).read_text()), isa)
+    except (OSError, ValueError):
+        found = None
+    if found is None:
         return VerifyCost({1: 1.0}, source=f"constant 1 ({Path(path).name} has no CPU verify-cost measurement)")
-    machine = (data.get("machines") or {}).get(record.get("machine"), {})
+    record, machine = found
     return verify_cost_from_record(record, machine.get("label", ""))
 
 
