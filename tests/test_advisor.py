@@ -557,9 +557,9 @@ def test_gpu_with_training_adds_eagle_beside_loaded_heads():
 
 
 def test_a_loaded_drafters_reason_does_not_repeat_itself():
-    """Each reason line quotes its rule's title and guidance: with Medusa heads loaded the Why list read
-    "Medusa heads are loaded: Medusa heads for the target are loaded: no training is needed ...";
-    a loaded drafter's guidance no longer restates its title."""
+    """Each reason line names its rule's title and source, not its guidance (listed under "The advisor's
+    rules"): with Medusa heads loaded the Why list read "Medusa heads are loaded: Medusa heads for the
+    target are loaded: no training is needed ...", and a task's reason repeated its rule word for word."""
     import html
     from types import SimpleNamespace
 
@@ -571,6 +571,10 @@ def test_a_loaded_drafters_reason_does_not_repeat_itself():
     text = html.unescape(md)
     for phrase in ("heads for the target are loaded", "head for the target is loaded"):
         assert text.count(phrase) <= 1, text
+    md, _ = advisor_tab.advise(engine, 0.135, 0, False, "summarization", "default", "cpu", False, True, True)
+    why = html.unescape(md).split("**Why**")[1].split("**What the measurements say**")[0]
+    assert why.count("prompt lookup copies it almost for free") == 1, why
+    assert "**Tasks that copy from the prompt**:" in why and "(Saxena 2023" in why
 
 
 def test_the_verify_cost_before_a_measurement_is_from_a_cpu_like_this_one():

@@ -103,8 +103,8 @@ def page_words(text: str) -> str:
 
 def advice_markdown(advice: advisor.Advice, engine) -> str:
     """The advice as Markdown: the recommendation, settings (page names), whether it deploys on vLLM (else
-    the fastest advised method that does), reasons with the rule behind each (its title and guidance,
-    never its id), measured notes."""
+    the fastest advised method that does), reasons with the rule behind each (its title and source,
+    never its id; its guidance is in the tab's list of rules, which the reason applies), measured notes."""
     label = METHODS[advice.primary].label if advice.primary in METHODS else advice.primary
     lines = [f"### Recommended: **{label}**"]
     ticks = ", ".join(METHODS[m].label if m in METHODS else m for m in advice.methods)
@@ -117,11 +117,10 @@ def advice_markdown(advice: advisor.Advice, engine) -> str:
     if advice.deploy:
         lines.append(f"\n**On vLLM:** {html.escape(page_words(advice.deploy))}")
     lines.append("\n**Why**")
-    for rule_id, text in advice.reasons:
-        rule = advisor.RULES[rule_id]
-        lines.append(f"- {html.escape(text)}. _{rule_title(rule_id)}: {html.escape(rule.guidance)} ({rule.source})_")
+    for rule_id, text in advice.reasons:  # each rule's guidance in full: "The advisor's rules", below
+        lines.append(f"- **{rule_title(rule_id)}**: {html.escape(text)}. _({advisor.RULES[rule_id].source})_")
     if advice.measured_notes:
-        lines.append("\n**Where our measurements disagree**")
+        lines.append("\n**What the measurements say** (where they disagree with a rule, they win)")
         lines += [f"- {html.escape(n)}" for n in advice.measured_notes]
     missing = [m for m in advice.methods if m not in METHODS or engine.unavailable_reason(m)]
     if missing:

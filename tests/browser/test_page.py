@@ -210,7 +210,7 @@ def test_insight_tabs_and_a_tiny_benchmark(browser, url):
         # 3. Advisor: its advice (with reasons) is applied to the Playground tab.
         page.get_by_role("tab", name="Advisor").click()
         expect(page.locator("#advisor-output")).to_contain_text("Recommended")
-        expect(page.locator("#advisor-output")).to_contain_text("Where our measurements disagree")
+        expect(page.locator("#advisor-output")).to_contain_text("What the measurements say")
         page.locator("#advisor-apply").click()
         expect(page.locator("#advisor-applied")).to_contain_text("Applied to the Playground tab")
         page.screenshot(path=str(SHOTS / "advisor.png"), full_page=True)
