@@ -92,6 +92,8 @@ def test_page_words_for_columns_categories_and_methods():
     assert bench_tab.column_title("math_reasoning speedup") == "Math reasoning speedup"
     assert bench_tab.column_title("tau") == "τ (tokens per step)"
     assert bench_tab.column_title("mean_accepted_tokens") == "τ (mean accepted tokens)"
+    assert [bench_tab.category_title(c) for c in ("translation", "overall", "math_reasoning")] == \
+        ["Translation", "Overall", "Math reasoning"]
     assert bench_tab.category_title("qa") == "QA" and bench_tab.method_title("prompt_lookup") == "Prompt lookup"
     assert "_" not in "".join(bench_tab.column_title(c) for c in bench_tab.DETAIL_HEADER)
 
@@ -163,6 +165,10 @@ def test_a_stopped_run_keeps_its_counts_and_says_stopped():
     assert "7/20 runs (35%) stopped" in after and "question 81" not in after
     for left in (bench_tab.progress_html(20, 20, "done"), bench_tab.progress_html(0, 0, "not started"), None):
         assert bench_tab.ended_progress(left) == bench_tab.gr.skip()
+    # No runs yet: an empty bar (max 0 drew it full), counts as written.
+    assert '<progress max="1" value="0"' in bench_tab.progress_html(0, 0, "not started")
+    assert bench_tab.ended_progress(bench_tab.progress_html(0, 0, "warm-up", running=True)) == \
+        bench_tab.progress_html(0, 0, "stopped")
 
 
 def test_alpha_reads_as_a_percentage_as_on_the_playground():
@@ -197,9 +203,11 @@ def test_the_plan_under_run_counts_runs_and_bounds_the_time():
                                                               ["autoregressive", "prompt_lookup", "suffix"], 2, 64)))
     assert text.startswith("Next run: 2 questions (4 turns) × 3 methods (autoregressive included) = 12 runs of up "
                            "to 64 new tokens") and "about 38 s on this machine" in text and "20.0 tokens/s" in text
-    # Not timed yet: no duration; the baseline is counted when not ticked.
+    # Not timed yet (models loaded on the Models tab): no duration, and when one will show; the baseline is
+    # counted when not ticked.
     text = bench_tab.plan(object(), SPEC, None, ["qa"], ["suffix"], 3, 128)
-    assert "3 questions × 2 methods" in text and "= 6 runs of up to 128 new tokens." in text and "about" not in text
+    assert "3 questions × 2 methods" in text and "= 6 runs of up to 128 new tokens; " in text and "about" not in text
+    assert "once these models have run" in text
     # What Run would refuse, it says here first.
     for inputs, words in (((["writing"], [], 2, 64), "no method is ticked"), (([], ["suffix"], 2, 64), "no category"),
                           ((["writing"], ["suffix"], 0, 64), "Questions per category must be in [1, 40]"),

@@ -382,9 +382,10 @@ def test_bench_tab_run_matches_the_cli_summary(real_target, tmp_path):
     assert len(records) == 4 and {r["method"] for r in records} == {"autoregressive", "prompt_lookup"}
     assert bench.from_csv(Path(csv_path).read_text(encoding="utf-8")) == records
     rows = bench.summarize(records)
-    # The page shows the same cells, with page labels for the methods.
+    # The page shows the same cells, with page labels for the methods and the categories ("Writing").
     label = {"autoregressive": "Autoregressive", "prompt_lookup": "Prompt lookup"}
-    assert final[3].value["data"] == [[r["category"], label[r["method"]], *bench.table_cells(r)[1:]] for r in rows]
+    assert final[3].value["data"] == [[r["category"].capitalize(), label[r["method"]], *bench.table_cells(r)[1:]]
+                                      for r in rows]
     assert final[2].value["data"] == [[label[ln[0]], *ln[1:]] for ln in bench.leaderboard(rows)[1]]
     assert final[2].value["headers"][:2] == ["Method", "Writing speedup"]
     # Bad input: a message, never an exception.

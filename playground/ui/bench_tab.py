@@ -69,9 +69,11 @@ def launch_options() -> dict:
 
 
 def category_title(category: str) -> str:
-    """A category as the page shows it: ``math_reasoning`` -> ``math reasoning``, ``qa`` -> ``QA``."""
+    """A category as the page shows it, in the tables, the charts and the category list alike:
+    ``math_reasoning`` -> ``Math reasoning``, ``qa`` -> ``QA``, ``overall`` -> ``Overall``."""
     c = str(category)
-    return CATEGORY_TITLES.get(c, c.replace("_", " "))
+    text = CATEGORY_TITLES.get(c, c.replace("_", " "))
+    return text[:1].upper() + text[1:]
 
 
 def column_title(name: str) -> str:
@@ -354,9 +356,10 @@ def _category_options(categories: list[str]) -> list[tuple[str, str]]:
 
 
 def methods_update(engine) -> dict:
-    """The methods box for ``engine``: every method it can run offered (page labels) and ticked."""
-    available = [m for m in METHODS if engine.unavailable_reason(m) is None]
-    return gr.update(choices=[(METHODS[m].label, m) for m in available], value=available)
+    """The methods box for ``engine``: every method it can run offered (page labels) and ticked, the
+    baseline aside (it always runs: a tick of its own did nothing)."""
+    offered = [m for m in METHODS if m != BASELINE and engine.unavailable_reason(m) is None]
+    return gr.update(choices=[(METHODS[m].label, m) for m in offered], value=offered)
 
 
 def follow_models(engine) -> list:
@@ -395,9 +398,9 @@ def build(engine, models=None) -> None:
                              elem_id="bench-upload", visible=qset.value == UPLOAD)
             cats = LooseCheckboxGroup(_category_options(cats0), value=cats0, label="Categories", info=note0,
                                     elem_id="bench-categories")
-            methods = LooseCheckboxGroup([(METHODS[m].label, m) for m in available], value=list(available),
-                                       label="Methods (autoregressive always runs: it is the baseline)",
-                                       elem_id="bench-methods")
+            offered = [m for m in available if m != BASELINE]  # the baseline always runs (methods_update)
+            methods = LooseCheckboxGroup([(METHODS[m].label, m) for m in offered], value=offered, elem_id="bench-methods",
+                                         label="Methods, each compared with autoregressive (the baseline, always run)")
         with gr.Column(scale=2):
             per_category = knob_input(PER_CATEGORY_KNOB, "bench-per-category")
             max_new = knob_input(NEW_TOKENS_KNOB, "bench-max-new-tokens")
@@ -418,8 +421,10 @@ def build(engine, models=None) -> None:
     gr.Markdown("### Results on this machine")
     table = gr.Dataframe(headers=[column_title(c) for c in ("method", "overall speedup", "tau", "tokens/s",
                                                             "lossless")], value=None,
-                         label="Leaderboard (speedup per category and overall, as Spec-Bench lays it out)",
-                         elem_id="bench-table", interactive=False, wrap=True)
+                         label="Leaderboard (speedup per category and overall, as Spec-Bench lays it out; each step "
+                               "timed against the baseline's steps around it, so a slow spell of the machine cancels: "
+                               "tokens/s, wall-clock, can rank close methods the other way)", elem_id="bench-table",
+                         interactive=False, wrap=True)
     with gr.Row():
         speed_plot = gr.Plot(charts.empty_figure(SPEED_TITLE, "run a benchmark"),
                              show_label=False, elem_id="bench-speedup")
@@ -468,14 +473,20 @@ def build(engine, models=None) -> None:
         models.follow(lambda e, _key: follow_models(e), [], [methods, *knob_inputs])
     # Stop is enabled only while a benchmark runs (as on the Playground): pressed with nothing running
     # it said "Stopped" beside "0/0 runs, not started".
-    # Run also clears the last run's results (after a Stop they read as this run's partial results).
-    def arm():  # updates made when Run is pressed (a component made while building would join the page)
+    # Run clears the last run's results (after a Stop they read as this run's), unless it refuses the inputs.
+    def arm(*inputs):  # updates made when Run is pressed (a component made while building would join the page)
+        try:
+            choose(*inputs)
+        except (bench.BenchError, ValueError, TypeError):
+            return (gr.skip(),) * 8
         running = "running: results come as each question ends"
         return (gr.Button(interactive=False), gr.Button(interactive=True),
-                gr.Dataframe(value=None, headers=table.headers), gr.Dataframe(value=None, headers=detail.headers),
+                gr.Dataframe(value=None, headers=table.headers, column_widths=column_widths(table.headers, [])),
+                gr.Dataframe(value=None, headers=detail.headers, column_widths=column_widths(detail.headers, [])),
                 charts.empty_figure(SPEED_TITLE, running), charts.empty_figure(TAU_TITLE, running), None, None)
     results = [table, detail, speed_plot, tau_plot, csv_file, jsonl_file]
-    armed = run_btn.click(arm, None, [run_btn, stop_btn, *results], api_visibility="private", queue=False)
+    armed = run_btn.click(arm, [qset, upload, cats, methods, per_category, max_new], [run_btn, stop_btn, *results],
+                          api_visibility="private", queue=False)
     event = armed.then(run, [qset, upload, cats, methods, per_category, max_new, warmup, *knob_inputs, *key],
                        [status, bar, *results], api_name="benchmark", concurrency_id="engine")
     # A bar still "running" then says "stopped" (set here: a last update would overwrite Stop's).
@@ -483,6 +494,7 @@ def build(engine, models=None) -> None:
     event.then(idle, bar, [run_btn, stop_btn, bar], api_visibility="private", queue=False)
     event.failure(idle, bar, [run_btn, stop_btn, bar], api_visibility="private", queue=False)  # .then skips errors
     # Run comes back when the cancelled run has ended (.then above; a click while it was pending was dropped).
-    stopped = "Stopped. Downloads hold every turn that all methods finished."
-    stop_btn.click(lambda: (stopped, gr.Button(interactive=False)), None, [status, stop_btn], cancels=[event],
-                   api_visibility="private", queue=False)
+    stopped = ("Stopped. Downloads hold every turn that all methods finished.",
+               "Stopped before every method had finished a turn: nothing to download.")
+    stop_btn.click(lambda done: (stopped[not done], gr.Button(interactive=False)), csv_file, [status, stop_btn],
+                   cancels=[event], api_visibility="private", queue=False)

@@ -19,10 +19,11 @@ LEADERBOARD_CSV = bench.ASSETS / "spec_bench_leaderboard.csv"
 
 
 def progress_html(done: int, total: int, text: str, running: bool = False) -> str:
-    """A progress bar with ``done / total`` runs and a note, marked while a benchmark is ``running``."""
+    """A progress bar with ``done / total`` runs and a note, marked while a benchmark is ``running`` (with
+    no runs it is drawn empty: a ``max`` of 0 drew it full)."""
     pct, mark = (100 * done / total if total else 0), (' data-running="1"' if running else "")
     return (f'<div id="bench-bar"{mark} style="display:flex;align-items:center;gap:10px">'
-            f'<progress max="{total}" value="{done}" style="width:260px;height:14px"></progress>'
+            f'<progress max="{max(total, 1)}" value="{done}" style="width:260px;height:14px"></progress>'
             f"<span>{done}/{total} runs ({pct:.0f}%) {html.escape(text)}</span></div>")
 
 
@@ -31,8 +32,8 @@ def ended_progress(bar: str | None):
     finished, else (a Stop, a warning or an error ended it) its counts with the note "stopped"."""
     if 'data-running="1"' not in (bar or ""):
         return gr.skip()
-    m = re.search(r'<progress max="(\d+)" value="(\d+)"', bar)
-    done, total = (int(m.group(2)), int(m.group(1))) if m else (0, 0)
+    m = re.search(r"<span>(\d+)/(\d+) runs", bar)  # the counts as written (the bar's max is at least 1)
+    done, total = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
     return progress_html(done, total, "stopped")
 
 
@@ -51,7 +52,7 @@ def plan_html(turns: int, questions: int, methods: int, max_new_tokens: int, ste
         methods: methods run, the baseline included.
         max_new_tokens: the cap per run.
         step_seconds: seconds of one plain decoding step on this device (the per-step budget's timing),
-            or None when not timed yet: then no duration is given.
+            or None when not timed yet: then the line says when a duration will show.
 
     The duration is every run decoding to the cap at plain decoding's speed of the timing (after a
     short prompt): speculative methods take less, long prompts and the untimed warm-up more.
@@ -65,6 +66,8 @@ def plan_html(turns: int, questions: int, methods: int, max_new_tokens: int, ste
         took = f"{minutes:.0f} min" if minutes >= 1.5 else f"{max(1, round(minutes * 60)):.0f} s"
         text += (f"; about {took} on this machine if every run went at plain decoding's "
                  f"{1 / step_seconds:.1f} tokens/s (speculative methods take less, long prompts more)")
+    else:  # models loaded since the start (the Models tab) are timed when they first run
+        text += "; how long it takes shows here once these models have run (their first run times this device)"
     return f'<span class="bench-plan-text">{html.escape(text)}.</span>'
 
 

@@ -65,7 +65,7 @@ def test_defaults_labels_and_upload_errors(page, tmp_path):
     expect(methods).to_contain_text("Draft model")
     expect(methods).to_contain_text("Prompt lookup")
     expect(methods).not_to_contain_text("prompt_lookup")
-    expect(page.locator("#bench-categories")).to_contain_text("math reasoning")
+    expect(page.locator("#bench-categories")).to_contain_text("Math reasoning")
     tab = page.locator("#tab-benchmark").inner_text()
     for dev in ("CLI", "--", "README", "results.jsonl", "python -m", "Leaderboard.md", "mean_accepted_tokens"):
         assert dev not in tab, f"developer wording on the Benchmark tab: {dev!r}"
@@ -167,6 +167,16 @@ def test_tiny_run_on_an_uploaded_file_reads_well(page, tmp_path):
     for where in ("#bench-table", "#bench-detail", "#bench-categories", "#bench-speedup", "#bench-status"):
         assert page.locator(f"{where} b").filter(has_text="bold").count() == 0, f"{where} rendered the markup"
 
+    # A Run the inputs make Run refuse (no method ticked) says why and leaves these results and downloads.
+    for i in range(boxes.count()):
+        boxes.nth(i).set_checked(False)
+    page.locator("#bench-run").click()
+    expect(page.locator("#bench-status")).to_contain_text("no method is ticked", timeout=30_000)
+    expect(table).to_contain_text("Prompt lookup")
+    expect(page.locator("#bench-csv")).to_contain_text(".csv")
+    expect(page.locator("#bench-run")).to_be_enabled(timeout=30_000)
+    page.locator("#bench-methods").get_by_label("Prompt lookup").check()
+
     # Stopped mid-question: the bar keeps its counts and says so (it kept "question N: every method in turn").
     new.fill("200")
     new.press("Enter")
@@ -174,7 +184,8 @@ def test_tiny_run_on_an_uploaded_file_reads_well(page, tmp_path):
     bar = page.locator("#bench-progress")
     expect(bar).to_contain_text("every method in turn", timeout=RUN_TIMEOUT_MS)
     page.locator("#bench-stop").click()
-    expect(page.locator("#bench-status")).to_contain_text("Stopped", timeout=30_000)
+    expect(page.locator("#bench-status")).to_contain_text("Stopped before every method had finished a turn: "
+                                                          "nothing to download", timeout=30_000)
     expect(bar).to_contain_text("stopped")
     expect(bar).not_to_contain_text("every method in turn")
     # The first run's results are gone (no turn of this run finished): they read as this run's.
