@@ -146,27 +146,28 @@ def test_load_handler_updates_follow_the_new_engine(loads):
                                                  progress=lambda *a, **k: None)[1]
 
 
-def test_a_load_or_reset_during_a_run_leaves_the_method_ticks_locked(loads):
-    """Loading models (or going back to the server's) while the session's Playground run streams
-    updates the ticks' values but keeps them locked: ticked mid-run, a running method's panel
-    vanished. The run's end unlocks them (app.py's idle handler); other sessions are not affected."""
+def test_no_load_or_reset_while_the_sessions_run_streams(loads):
+    """Loading models (or going back to the server's) while the session's Playground run streams is
+    refused with a message that says what to do: after a load mid-run the run ended on the old models
+    and its verdict crowned a method whose panel the new models had hidden. Other sessions load."""
     from playground.ui.run_control import StopSignals
 
     stops = StopSignals()
     panel = models_tab.ModelsPanel(FakeEngine("server"), locked=False, running=stops.armed)
     panel.knob_keys, panel._n_updates = [], 2 * len(models_tab.METHODS)
     flag = stops.arm("mine")
-    n = len(models_tab.METHODS)
     mine, other = SimpleNamespace(session_hash="mine"), SimpleNamespace(session_hash="other")
-    out = panel.load("default", models_tab.SAME, "auto", "auto", None, mine, progress=lambda *a, **k: None)
-    assert all(box["interactive"] is False for box in out[4:4 + n])
-    assert out[4 + list(models_tab.METHODS).index("draft_model")]["value"] is True  # it follows the new models
-    assert all(box["interactive"] is False for box in panel.reset(out[0], mine)[4:4 + n])
-    free = [m != "draft_model" for m in models_tab.METHODS]  # the server's models have no draft
-    assert [box["interactive"] for box in panel.reset(out[0], other)[4:4 + n]] == free
+    quiet = dict(progress=lambda *a, **k: None)
+    out = panel.load("default", models_tab.SAME, "auto", "auto", None, mine, **quiet)
+    assert out[0] is None and "press Stop there or wait for it to end" in out[1] and not loads
+    assert all(u == models_tab.gr.skip() for u in out[2:])
+    key = panel.load("default", models_tab.SAME, "auto", "auto", None, other, **quiet)[0]
+    assert key.startswith(models_tab.KEY_PREFIX) and len(loads) == 1
+    back = panel.reset(key, mine)
+    assert back[0] == key and "Not now" in back[1] and len(back) == 2 + panel._n_updates + 7
     stops.release("mine", flag)
-    assert not stops.armed("mine")
-    assert [box["interactive"] for box in panel.reset(out[0], mine)[4:4 + n]] == free
+    assert panel.reset(key, mine)[0] == panel.cache.default_key
+    assert panel.load("default", models_tab.SAME, "auto", "auto", None, mine, **quiet)[0] == key
 
 
 def test_progress_in_page_terms():

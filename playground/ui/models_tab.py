@@ -13,20 +13,17 @@ built from the server's models is refreshed through :meth:`ModelsPanel.follow` a
 On a shared server the operator locks the choice (``app.py --lock-models``, the default on Hugging
 Face Spaces): the tab then only says which models every visitor uses.
 
-What is offered: the presets (:mod:`playground.presets`) that load offline, the embedded default,
-folders holding ``config.json`` and ``.gguf`` files in a models folder (``$PLAYGROUND_MODELS_DIR``
-or ``app.py --models-dir``) and hub models already in the Hugging Face cache; hub presets only when
-the hub answers (:func:`hub_reachable`). Names can also be typed in (a hub id or a local path).
+What is offered (:mod:`.model_choices`): the presets (:mod:`playground.presets`) that load offline,
+the embedded default, folders holding ``config.json`` and ``.gguf`` files in a models folder
+(``$PLAYGROUND_MODELS_DIR`` or ``app.py --models-dir``) and hub models already in the Hugging Face
+cache; hub presets only when the hub answers. Names can also be typed in (a hub id or a local path).
 """
 
 from __future__ import annotations
 
-import functools
 import html
 import json
 import logging
-import os
-import socket
 import threading
 import time
 from collections import OrderedDict
@@ -35,23 +32,23 @@ from pathlib import Path
 
 import gradio as gr
 
-from playground import presets
 from playground.engine import METHODS, Engine, ModelLoadError
 
 from . import render, wording, worker
+from .model_choices import (AUTO, NONE, SAME, choice_lists, hub_reachable, local_models, models_dir,  # noqa: F401
+                            preset_values, usable_presets)
 from .run_control import in_joined_thread
 
 log = logging.getLogger(__name__)
 
 MAX_SESSION_ENGINES = 2
 """Engines kept loaded for sessions' choices besides the server's own (least recently used dropped)."""
-AUTO, NONE, SAME = "auto", "none", "same"
-"""Companion choices: the one shipped for the target (if any), none, and (draft only) the target itself."""
 KEY_PREFIX = "models:"
 """Engine keys of loaded choices start with this (the server's own engine has ``worker.register``'s key)."""
-HUB_HOST = ("huggingface.co", 443)
-HUB_TIMEOUT_S = 1.5
-"""Seconds :func:`hub_reachable` waits for the hub (once per process)."""
+BUSY = ("a run is streaming on the Playground tab with the models loaded now: press Stop there or wait for "
+        "it to end, then load")
+"""Why a load (or Back) is refused while the session's Playground run streams (its panels and verdict
+would follow other models than the run's)."""
 
 
 @dataclass(frozen=True)
@@ -206,91 +203,6 @@ class EngineCache:
         log.info("unloaded %s to keep at most the configured number of model sets", key)
 
 
-# ----- what can be chosen -----------------------------------------------------------------------
-@functools.lru_cache(maxsize=1)
-def hub_reachable() -> bool:
-    """Whether the Hugging Face hub answers (asked once per process; False in offline mode)."""
-    from huggingface_hub import constants
-
-    if constants.is_offline_mode():
-        return False
-    answered: list[bool] = []
-
-    def probe() -> None:  # in a thread: a name lookup is not bounded by the socket's timeout
-        try:
-            socket.create_connection(HUB_HOST, timeout=HUB_TIMEOUT_S).close()
-            answered.append(True)
-        except OSError:
-            pass
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    thread.join(HUB_TIMEOUT_S)
-    return bool(answered)
-
-
-def models_dir(given: str | None = None) -> Path | None:
-    """The folder searched for local models: ``given``, else ``$PLAYGROUND_MODELS_DIR``, else None."""
-    value = given or os.environ.get("PLAYGROUND_MODELS_DIR")
-    return Path(value).expanduser() if value else None
-
-
-def local_models(folder: Path | None = None) -> list[tuple[str, str]]:
-    """``(name, spec)`` of models found on this machine: in ``folder`` (subfolders with ``config.json``
-    and ``.gguf`` files, one level deep) and in the Hugging Face cache (hub ids with a snapshot)."""
-    found: list[tuple[str, str]] = []
-    if folder is not None and folder.is_dir():
-        for p in sorted(folder.iterdir()):
-            if p.is_dir() and (p / "config.json").is_file():
-                found.append((p.name, str(p)))
-            elif p.is_file() and p.suffix == ".gguf":
-                found.append((p.name, str(p)))
-    try:
-        from huggingface_hub import constants
-
-        cache = Path(constants.HF_HUB_CACHE)
-        for repo in sorted(cache.glob("models--*")):
-            if any(repo.glob("snapshots/*/config.json")):
-                hub_id = repo.name.removeprefix("models--").replace("--", "/")
-                found.append((hub_id, hub_id))
-    except OSError as e:
-        log.warning("could not read the Hugging Face cache: %s", e)
-    return found
-
-
-def usable_presets(local_specs: set[str], hub: bool) -> list[presets.ModelPreset]:
-    """Presets that can load here: offline ones, and hub ones when the hub answers or their target
-    is cached."""
-    return [p for p in presets.PRESETS.values() if p.offline or hub or p.target in local_specs]
-
-
-def choice_lists(folder: Path | None = None, hub: bool | None = None) -> dict[str, list[tuple[str, str]]]:
-    """Dropdown choices ``(label, value)`` for ``target``, ``draft``, ``medusa``, ``eagle`` and ``preset``."""
-    local = local_models(folder)
-    hub = hub_reachable() if hub is None else hub
-    usable = usable_presets({s for _, s in local}, hub)
-    targets = [("Embedded SmolLM2-135M-Instruct", "default")] + local
-    drafts = [("The draft made for this target, if there is one", AUTO), ("No draft", NONE),
-              ("The target itself (accepts every draft token: a check of the machinery)", SAME)] + local
-    for p in usable:
-        targets += [(p.target, p.target)] if p.target != "default" else []
-        drafts += [(d, d) for d in p.drafts]
-    heads = [("The heads trained for this target, if any", AUTO), ("None", NONE)]
-    medusa = heads + [(p.medusa, p.medusa) for p in usable if p.medusa]
-    return {"target": list(dict.fromkeys(targets)), "draft": list(dict.fromkeys(drafts)),
-            "medusa": list(dict.fromkeys(medusa)), "eagle": list(heads),
-            "preset": [(p.label, p.name) for p in usable]}
-
-
-def preset_values(name: str) -> tuple[str, str, str, str]:
-    """``(target, draft, medusa, eagle)`` dropdown values of preset ``name``.
-
-    Raises:
-        ValueError: unknown preset.
-    """
-    p = presets.get_preset(name)
-    return p.target, p.draft or AUTO, p.medusa or AUTO, AUTO
-
-
 # ----- page text ----------------------------------------------------------------------------------
 def header(engine: Engine, title: str) -> str:
     """The page header for ``engine``: the title, then target, draft, device and dtype."""
@@ -348,16 +260,15 @@ def page_progress(progress, started: float | None = None):
 
 
 # ----- the tab --------------------------------------------------------------------------------------
-def method_updates(engine: Engine, before: Engine | None, knob_keys: list[tuple[str, str]],
-                   running: bool = False) -> list:
+def method_updates(engine: Engine, before: Engine | None, knob_keys: list[tuple[str, str]]) -> list:
     """Updates that make the Playground tab follow ``engine``: per method (METHODS order) its checkbox
-    (disabled and unticked when unavailable; ticked when it just became available; locked while the
-    session's run is ``running``) and its reason line, then per knob whether it can be changed."""
+    (disabled and unticked when unavailable; ticked when it just became available) and its reason
+    line, then per knob (``knob_keys`` order) whether it can be changed."""
     boxes, reasons = [], []
     for m in METHODS:
         reason = engine.unavailable_reason(m)
         newly = reason is None and before is not None and before.unavailable_reason(m) is not None
-        boxes.append(gr.update(interactive=reason is None and not running, **({"value": False} if reason else
+        boxes.append(gr.update(interactive=reason is None, **({"value": False} if reason else
                                                              {"value": True} if newly else {})))
         text = wording.unavailable_text(engine, m) if reason else None  # in page terms, no command lines
         reasons.append(gr.update(value=f"**Unavailable:** {text}" if reason else "", visible=bool(reason)))
@@ -391,7 +302,7 @@ class ModelsPanel:
         key: the session's engine key (a ``gr.State``; the server's engine key until a load).
         cache: the :class:`EngineCache` shared by every session of this page.
         locked: whether the operator fixed the models.
-        running: ``running(session_hash)``, whether the session's Playground run is on (its ticks stay locked).
+        running: ``running(session_hash)``: whether the session's Playground run is on (no load then).
     """
 
     def __init__(self, engine: Engine, locked: bool | None = None, folder: str | Path | None = None,
@@ -440,25 +351,28 @@ class ModelsPanel:
         try:
             if self.locked:
                 raise ValueError("the models are fixed on this server")
+            if self.running(getattr(request, "session_hash", None)):
+                raise ValueError(BUSY)
             new_key = self.cache.load(ModelChoice(target, draft, medusa, eagle),
                                       page_progress(progress, started))
         except (ModelLoadError, ValueError, MemoryError, OSError) as e:
-            msg = render.status_html("warning", f"Could not load these models: {e}. The models loaded before "
+            msg = render.status_html("warning", f"Could not load these models: {str(e).rstrip('.')}. The models loaded before "
                                                 "stay in use.")
             return (key, msg, gr.skip(), gr.skip(), *(gr.skip() for _ in range(self._n_updates)))
-        engine, running = self.cache.get(new_key), self.running(getattr(request, "session_hash", None))
+        engine = self.cache.get(new_key)
         done = render.status_html("done", f"Loaded in {time.perf_counter() - started:.1f} s, for this browser tab "
                                           "only. Every tab of the page now uses them.")
         return (new_key, done, models_markdown(engine), self.header_fn(engine),
-                *method_updates(engine, before, self.knob_keys, running))
+                *method_updates(engine, before, self.knob_keys))
 
     def reset(self, key, request: gr.Request = None):
         """Back to the server's models (the form too, so the next Load does not bring the last choice back)."""
-        engine, running = self.cache.default, self.running(getattr(request, "session_hash", None))
+        if self.running(getattr(request, "session_hash", None)):
+            return (key, render.status_html("warning", f"Not now: {BUSY}."), *(gr.skip(),) * (self._n_updates + 7))
+        engine = self.cache.default
         return (self.cache.default_key, render.status_html("done", "Back to the server's models."),
                 models_markdown(engine), self.header_fn(engine),
-                *method_updates(engine, self.cache.get(key), self.knob_keys, running),
-                "default", AUTO, AUTO, AUTO, None)
+                *method_updates(engine, self.cache.get(key), self.knob_keys), "default", AUTO, AUTO, AUTO, None)
 
     def build(self, header, use: dict, reasons: dict, knobs: list, knob_keys: list[tuple[str, str]]) -> None:
         """Lay the tab out (inside a ``gr.Tab``) and wire it to the page header and the Playground
@@ -492,8 +406,10 @@ class ModelsPanel:
         outputs = [self.key, status, current, header, *use.values(), *reasons.values(), *knobs]
         preset.change(lambda name: preset_values(name) if name else (gr.skip(),) * 4, preset,
                       [target, draft, medusa, eagle], api_visibility="private")
-        load_btn.click(self.load, [target, draft, medusa, eagle, self.key], outputs, api_visibility="private",
-                       concurrency_id="model-load", concurrency_limit=1)
+        # The last load's message goes first (it stood beside the next load's progress).
+        load_btn.click(lambda: "", None, status, api_visibility="private", queue=False).then(
+            self.load, [target, draft, medusa, eagle, self.key], outputs, api_visibility="private",
+            concurrency_id="model-load", concurrency_limit=1)
         # Queued like Load: the session key's change (which every tab built from the models
         # follows: the legend, the Advisor, the Theory tab) did not reach the page without the queue.
         reset_btn.click(self.reset, self.key, [*outputs, target, draft, medusa, eagle, preset],
