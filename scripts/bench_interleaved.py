@@ -75,20 +75,20 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     from playground.bench import WARMUP_PROMPT, load_questions
     from playground.bench.runner import Runner, finish, round_robin, run_method, step_method
-    from playground.engine import Engine
+    from playground.engine import Engine, methods_run
     from playground.engine.decoding import GenerationSettings
 
     methods = [parse_method(m) for m in args.methods.split(",")]
     assert methods[0][1].name == "autoregressive" and not methods[0][2], "the baseline goes first"
     if any(on_alt for *_, on_alt in methods) and not alt_parts:
         ap.error("a method NAME@alt needs --alt PART=SPEC")
-    names = {spec.name for _, spec, on_alt in methods if not on_alt}
-    engine = Engine.load("default", dtype=args.dtype, methods=sorted(names), draft=args.draft, medusa=args.medusa,
+    names = methods_run([spec for _, spec, on_alt in methods if not on_alt])  # a mixture's members too
+    engine = Engine.load("default", dtype=args.dtype, methods=names, draft=args.draft, medusa=args.medusa,
                          eagle=args.eagle)
     alt = None
     if alt_parts:
         parts = {"draft": args.draft, "medusa": args.medusa, "eagle": args.eagle, **alt_parts}
-        alt = Engine.load("default", dtype=args.dtype, methods=sorted({s.name for _, s, a in methods if a}), **parts)
+        alt = Engine.load("default", dtype=args.dtype, methods=methods_run([s for _, s, a in methods if a]), **parts)
     engines = [alt if on_alt else engine for *_, on_alt in methods]
     methods = [(label, spec) for label, spec, _ in methods]
     twins = same_settings([(label, spec, eng) for (label, spec), eng in zip(methods, engines)])

@@ -202,6 +202,23 @@ def test_eagle_member_needs_a_head_and_keeps_one_colour():
                                                                              "prompt_lookup"}
 
 
+def test_loading_for_a_mixture_loads_its_members_parts():
+    """``methods_run`` names a mixture's members beside it, so ``Engine.load(methods=...)`` loads
+    the EAGLE head a mixture with EAGLE needs (``python -m playground.bench --methods mixture
+    --members eagle,suffix`` failed: "mixture member eagle needs an EAGLE head", the head unloaded)."""
+    from playground.engine import METHODS, MethodSpec, methods_run
+
+    specs = [MethodSpec("autoregressive"), MethodSpec("mixture", {"members": "eagle,suffix"}),
+             MethodSpec("suffix"), MethodSpec("mixture", {"members": "medusa,prompt_lookup"})]
+    assert methods_run(specs) == ["autoregressive", "mixture", "eagle", "suffix", "medusa", "prompt_lookup"]
+    assert methods_run([MethodSpec("mixture")]) == ["mixture", *METHODS["mixture"].uses({})]
+    assert "eagle" not in methods_run([MethodSpec("mixture")])  # the training-free default
+    with pytest.raises(ValueError, match="members must be among"):
+        methods_run([MethodSpec("mixture", {"members": "eagle,nonsense"})])
+    with pytest.raises(ValueError, match="unknown"):
+        methods_run([MethodSpec("nonsense")])
+
+
 def test_greedy_with_eagle_member_equals_baseline_over_many_seeds():
     """EAGLE as a member (its features captured for the merged tree, its gate and early stop on): on
     tiny models with random heads, greedy output equals the baseline, budget off and on."""

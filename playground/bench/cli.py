@@ -347,7 +347,7 @@ def _check_out_path(out: str) -> Path:
 
 def _main(args: argparse.Namespace) -> int:
     # 1. Everything that can be checked without a model: methods, knobs, settings, questions.
-    from playground.engine import METHODS, MethodSpec, default_draft_spec
+    from playground.engine import METHODS, MethodSpec, default_draft_spec, methods_run
 
     methods = parse_methods(args.methods)
     knobs = {flag: getattr(args, flag) for flag in KNOB_FLAGS}
@@ -389,7 +389,7 @@ def _main(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    engine = load_engine(args, methods)
+    engine = load_engine(args, methods_run(specs))  # a mixture's members' parts too (its EAGLE head)
     bench = runner.prepare(engine, questions, specs, settings, CLI_LABELS)
     bench.round_robin = not args.sequential
     target = engine.target

@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     # (read through .methods, which imports every method module first, so the registry is full)
     "METHODS": "methods", "MethodInfo": "methods", "MethodSpec": "methods", "BASELINE": "methods",
     "is_lossless": "methods", "lossless_check_applies": "methods", "source_labels": "methods",
+    "methods_run": "methods",
     "Drafter": "drafter", "DecodeState": "drafter", "StepResult": "drafter",
     "Candidates": "tree",
     # lossless check

@@ -8,7 +8,7 @@ to be imported first.
 from . import (autoregressive, draft_model, eagle, lookahead, medusa, mixture, prompt_lookup, recycling,
                rest, suffix)
 from .registry import (BASELINE, METHODS, MethodInfo, MethodSpec, is_lossless, lossless_check_applies,
-                       source_labels)
+                       methods_run, source_labels)
 
 MODULES = (
     autoregressive,

@@ -333,4 +333,5 @@ METHOD = MIXTURE_METHOD = register(MethodInfo(
     lossless=True, knobs=with_budget_knob((MEMBERS_KNOB,)),
     sources=(SOURCE_TARGET, "suffix", "recycling", "rest", SOURCE_PROMPT_LOOKUP, SOURCE_LOOKAHEAD, "medusa_head_1",
              SOURCE_EAGLE),
-    source_labels={SOURCE_EAGLE: "EAGLE (in a mixture)"}, build=_build, learns_across_runs=True))
+    source_labels={SOURCE_EAGLE: "EAGLE (in a mixture)"}, build=_build, learns_across_runs=True,
+    uses=lambda params: tuple(parse_members(params.get("members", DEFAULT_MEMBERS)).split(","))))

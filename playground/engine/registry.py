@@ -41,6 +41,8 @@ class MethodInfo:
             (Medusa: exact acceptance, not typical); see :func:`is_lossless`.
         learns_across_runs: its drafter keeps state from earlier runs (suffix decoding's global
             cache), which the page says and the benchmark resets after warm-up.
+        uses: when given, ``uses(params)`` names the other methods a drafter with ``params`` runs
+            (the mixture's members), whose loaded parts it needs too (:func:`methods_run`).
     """
 
     name: str
@@ -54,6 +56,7 @@ class MethodInfo:
     requires: tuple[str, ...] = ()
     lossless_if: Callable[[dict], bool] | None = None
     learns_across_runs: bool = False
+    uses: Callable[[dict], tuple[str, ...]] | None = None
 
     @property
     def needs_draft(self) -> bool:
@@ -86,6 +89,25 @@ def check_method_names(methods) -> None:
     if isinstance(methods, str) or unknown:
         raise ValueError(f"methods must be a list of method names among {', '.join(METHODS)}; got {methods!r}"
                          + (f" ({', '.join(map(repr, unknown))} unknown)" if unknown else ""))
+
+
+def methods_run(specs) -> list[str]:
+    """The methods that ``specs`` (:class:`MethodSpec` objects) run, each once, in first-seen order:
+    their own names and the methods they use (a mixture's members, :attr:`MethodInfo.uses`); what
+    ``Engine.load(methods=...)`` needs to load every part they read (a mixture with EAGLE among
+    its members needs the EAGLE head).
+
+    Raises:
+        ValueError: an unknown method, or params its ``uses`` refuses (the message says why).
+    """
+    names: list[str] = []
+    for spec in specs:
+        info = METHODS.get(spec.name)
+        if info is None:
+            check_method_names([spec.name])
+        used = info.uses(spec.params or {}) if info.uses is not None else ()
+        names += [n for n in (spec.name, *used) if n not in names]
+    return names
 
 
 def is_lossless(method: str, params: dict | None = None) -> bool:
