@@ -193,8 +193,9 @@ class Engine:
         parts = self.loaded_parts()
         missing = [p for p in info.requires if not parts.get(p)]
         if missing and missing[0] in self.left_out:
-            return (f"its {missing[0]} was not loaded: Engine.load(methods=...) left {method!r} out; add it to "
-                    "methods to load what it needs")
+            part = {"draft": "draft model", "medusa": "Medusa heads", "eagle": "EAGLE head"}.get(missing[0], missing[0])
+            return (f"its {part} {'were' if part.endswith('s') else 'was'} not loaded: Engine.load(methods=...) "
+                    f"left {method!r} out; add it to methods to load what it needs")
         if missing:
             return MISSING_PART.get(missing[0], "no {part} is loaded for {target}").format(
                 target=self.target.name, part=missing[0])
