@@ -134,11 +134,15 @@ def fastest_measured(isa: str | None, available) -> list[tuple[str, dict]]:
 def fastest_variant(isa: str | None, method: str, can_run) -> dict | None:
     """The fastest measured variant of ``method`` (a record ``method:knob=value``, e.g. the mixture with
     EAGLE-3 as a member) on CPUs with instruction set ``isa`` that measured faster than ``method`` at its
-    defaults in the same run (``base_speedup``) and whose mixture members ``can_run(member)`` allows: its
-    figure, or None. Only variants that set ``members`` count; the figure's ``params`` are the knob values to set."""
-    best = None
-    for name, fig in MEASURED.get(isa, {}).items():
-        if not name.startswith(method + ":") or fig.get("base_speedup") is None or fig["speedup"] <= fig["base_speedup"]:
+    defaults in the same run (``base_speedup``), and faster than the figure quoted for ``method`` (its
+    newest run's: a variant that beat its defaults in an older run, but not the newer figure, is not
+    advised over it), and whose mixture members ``can_run(member)`` allows: its figure, or None. Only
+    variants that set ``members`` count; the figure's ``params`` are the knob values to set."""
+    best, figs = None, MEASURED.get(isa, {})
+    headline = (figs.get(method) or {}).get("speedup", 0.0)
+    for name, fig in figs.items():
+        if not name.startswith(method + ":") or fig.get("base_speedup") is None \
+                or fig["speedup"] <= max(fig["base_speedup"], headline):
             continue
         members = (fig.get("params") or {}).get("members")
         if not isinstance(members, str) or not members or not all(can_run(m) for m in members.split(",")):

@@ -426,6 +426,25 @@ def test_the_target_as_its_own_draft_is_no_draft_to_advise_on():
     assert advisor_tab.loaded_models(engine) == (True, False, 4, False)
 
 
+def test_the_loaded_here_boxes_clear_for_another_deployment():
+    """Typing another target size or device clears the "loaded here" boxes (the advice kept "the loaded
+    draft's own K", measured on the 135M default, for a 7B target's draft); typing the loaded target's
+    size back on its device brings them back."""
+    from types import SimpleNamespace
+
+    from playground.ui import advisor_tab
+
+    sizes = {"target": 135_000_000, "draft": 7_470_000}
+    engine = SimpleNamespace(draft=SimpleNamespace(knob_defaults={"k": 2}), medusa=object(), eagle=object(),
+                             unavailable_reason=lambda m: None, target=SimpleNamespace(device="cpu"),
+                             parameter_count=lambda part="target": sizes[part])
+    assert advisor_tab.loaded_here(engine, 0.135, "cpu") == (True, True, True)
+    for size, device in ((7, "cpu"), (0.135, "gpu"), (None, "cpu"), ("", "cpu")):
+        assert advisor_tab.loaded_here(engine, size, device) == (False, False, False), (size, device)
+    engine.medusa = None
+    assert advisor_tab.loaded_here(engine, "0.135", "cpu") == (True, False, True)
+
+
 def test_advisor_tab_has_the_eagle_box_and_shows_the_deploy_line():
     """The tab reads a loaded EAGLE-3 head from the engine, passes the box last (a caller without it still
     works: not loaded), and shows the deployment line in page words (no snake_case, no backticks)."""
