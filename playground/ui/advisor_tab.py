@@ -140,6 +140,20 @@ def _number(value, name: str) -> float:
         raise ValueError(f"{name} must be a number, got {value!r}") from None
 
 
+def loaded_here(engine, size, device) -> tuple[bool, bool, bool]:
+    """The tab's "loaded here" boxes (draft, Medusa heads, EAGLE-3 head) for a target of ``size`` billion
+    parameters on ``device``: what ``engine`` has loaded when they describe its target, else all
+    False (the advice then is for another deployment: it kept "the loaded draft's own K", measured
+    on the 135M default, for a 7B target's draft)."""
+    try:
+        same = abs(float(size) - target_size_b(engine)) < 1e-9
+    except (TypeError, ValueError):
+        same = False
+    has_draft, has_medusa, _, has_eagle = loaded_models(engine)
+    here = same and device == situation_values(engine)[4]
+    return has_draft and here, has_medusa and here, has_eagle and here
+
+
 def situation(target_b, draft_b, train, task, appetite, device, loaded_draft=False, loaded_medusa=False,
               loaded_eagle=False, *, draft_k=None, cpu_isa=None) -> advisor.Situation:
     """A :class:`advisor.Situation` from the tab's inputs, in the order of the tab's input list (draft size
@@ -397,6 +411,9 @@ def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None, mode
     fill_btn.click(lambda name, *k: preset_sizes(session(*k)[0], name), [pick, *key],
                    [target_b, draft_b, train, loaded_draft, loaded_medusa, loaded_eagle], api_visibility="private",
                    queue=False)
+    # Typed another target size or device: the advice is for another deployment, not the loaded models.
+    gr.on([target_b.input, dev.input], lambda size, device, *k: loaded_here(session(*k)[0], size, device),
+          [target_b, dev, *key], [loaded_draft, loaded_medusa, loaded_eagle], api_visibility="private", queue=False)
     if models is not None:  # after a load: the sizes and "loaded" boxes describe the session's models
         models.follow(lambda e, _k: situation_values(e), [],
                       [target_b, draft_b, loaded_draft, loaded_medusa, dev, loaded_eagle])
