@@ -356,6 +356,10 @@ def advise(s: Situation, verify_cost=None) -> Advice:
     if best is not None and best != primary:
         extra = [primary] + [m for m in extra if m != best]
         primary = best
+    if best is not None:  # the next fastest measured, which the reason names, are worth comparing too
+        runners = [m for m, f in figs[1:4] if f["speedup"] > 1.0] if figs else \
+            [m for m in sorted(ran, key=ran.get, reverse=True)[1:4] if ran[m] > 1.0]
+        extra += [m for m in runners if m not in (primary, *extra)]
     if figs and primary == "mixture":  # a measured variant (EAGLE-3 as a member) beats its defaults
         fig = fastest_variant(s.cpu_isa, "mixture", s.can_run)
         if fig is not None:

@@ -621,3 +621,23 @@ def test_the_verify_cost_before_a_measurement_is_from_a_cpu_like_this_one():
     if advisor.cpu_isa() in {m.get("isa") for m in real["machines"].values()}:
         assert machine["isa"] == advisor.cpu_isa()
     assert theory.FALLBACK.table == {int(n): v for n, v in record["relative"].items()}
+
+
+def test_the_methods_to_compare_include_the_next_fastest_measured():
+    """The advice names the next fastest measured methods ("then EAGLE-3 1.45x, Suffix decoding 1.38x,
+    Prompt lookup 1.36x"); the methods it ticks for comparison include them (it ticked the slower
+    draft model and Medusa, and left out suffix decoding and prompt lookup); from a run on the page,
+    only those that beat the baseline."""
+    from playground.advisor_figures import fastest_measured
+
+    for isa in ("avx2", "avx512"):
+        s = advisor.Situation(**DEFAULT, device="cpu", cpu_isa=isa, medusa_loaded=True, eagle_loaded=True)
+        adv = advisor.advise(s)
+        figs = fastest_measured(isa, [m for m in advisor.METHODS if s.can_run(m)])
+        assert adv.primary == figs[0][0]
+        assert all(m in adv.methods for m, f in figs[1:4] if f["speedup"] > 1.0), (adv.methods, figs[:4])
+    ran = {"suffix": 1.3, "eagle": 1.5, "prompt_lookup": 1.2, "recycling": 0.9, "rest": 0.95}
+    adv = advisor.advise(advisor.Situation(**DEFAULT, device="cpu", cpu_isa="avx2", eagle_loaded=True,
+                                           run_speedups=ran))
+    assert adv.primary == "eagle" and {"suffix", "prompt_lookup"} <= set(adv.methods)
+    assert "recycling" not in adv.methods and "rest" not in adv.methods

@@ -217,7 +217,7 @@ def test_insight_tabs_and_a_tiny_benchmark(browser, url):
 
         # 4. Benchmark: 1 question (writing), 8 new tokens, autoregressive + prompt lookup, no warm-up.
         page.get_by_role("tab", name="Benchmark").click()
-        for group, keep in (("bench-categories", "writing"), ("bench-methods", "Prompt lookup")):
+        for group, keep in (("bench-categories", "Writing"), ("bench-methods", "Prompt lookup")):
             boxes = page.locator(f"#{group} input[type=checkbox]")
             for i in range(boxes.count()):
                 boxes.nth(i).set_checked(False)
@@ -231,7 +231,7 @@ def test_insight_tabs_and_a_tiny_benchmark(browser, url):
         page.locator("#bench-run").click()
         expect(page.locator("#bench-status")).to_contain_text("Done", timeout=RUN_TIMEOUT_MS)
         expect(page.locator("#bench-table")).to_contain_text("Prompt lookup")
-        expect(page.locator("#bench-detail")).to_contain_text("overall")
+        expect(page.locator("#bench-detail")).to_contain_text("Overall")
         expect(page.locator("#bench-progress")).to_contain_text("100%")
         expect(page.locator("#bench-speedup .js-plotly-plot").first).to_be_visible()
         expect(page.locator("#bench-tau .js-plotly-plot").first).to_be_visible()
