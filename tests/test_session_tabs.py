@@ -109,6 +109,23 @@ def test_benchmark_runs_on_the_sessions_engine_and_its_methods_follow(panel, mon
     assert updates[1 + i]["value"] == 3 and updates[1 + i]["interactive"] is True
 
 
+def test_a_benchmark_run_marks_the_session_busy_until_its_event_ends(panel):
+    """Run on the Benchmark tab puts the session in ``bench_tab.RUNS`` (the Models tab loads nothing
+    then: the method list would follow other models than the run's) and the run's end takes it out;
+    a Run the tab refuses (no method) marks nothing."""
+    models, server, _ = panel
+    with gr.Blocks() as demo:
+        bench_tab.build(server, models)
+    arm, request = handler(demo, "bench-run"), SimpleNamespace(session_hash="s1")
+    idle = next(f.fn for f in demo.fns.values() if f.fn.__name__ == "idle")
+    assert arm("Spec-Bench dev (bundled)", None, ["writing"], [], 1, 4, request) == (gr.skip(),) * 8
+    assert not bench_tab.RUNS.armed("s1")
+    arm("Spec-Bench dev (bundled)", None, ["writing"], ["prompt_lookup"], 1, 4, request)
+    assert bench_tab.RUNS.armed("s1") and not bench_tab.RUNS.armed("s2")
+    idle(bench_tab.progress_html(0, 2, "running", running=True), request)
+    assert not bench_tab.RUNS.armed("s1") and len(bench_tab.RUNS) == 0
+
+
 def test_theory_measures_the_sessions_engine(panel, monkeypatch):
     """The Theory tab measures the verify cost on the session's engine and caches it under its key, where
     the draft panel's lookup after a run (insight.after_run with the same key) finds it."""

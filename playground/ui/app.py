@@ -272,8 +272,9 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
         last_run = gr.State(None)  # plain data of the last finished run (see RunView.summary)
         run_steps = gr.State(None)  # the last run's step_inspector.RunSteps (filled while it streams)
         engine_key = worker.register(engine)
-        # The session's models (key); no load while the session's run streams.
-        models = models_tab.ModelsPanel(engine, lock_models, models_dir, TITLE, STOPS.armed)
+        # The session's models (key); no load while the session's run (Playground or Benchmark) streams.
+        models = models_tab.ModelsPanel(engine, lock_models, models_dir, TITLE,
+                                        lambda session: STOPS.armed(session) or bench_tab.RUNS.armed(session))
         with gr.Tabs(elem_id="tabs"):
             with gr.Tab("Playground", id="playground", elem_id="tab-playground"):
                 with gr.Row(equal_height=False):

@@ -26,9 +26,10 @@ from playground.engine import BASELINE, METHODS, Knob, MethodSpec
 
 from . import charts, models_tab, render, worker
 from .knobs import LooseCheckboxGroup, knob_input
-from .run_control import EventPump
-from .bench_view import (column_widths, ended_progress, load_leaderboard, number_text, plan_html,  # noqa: F401
-                         plan_problem_html, progress_html, speedup_text, status_text, write_files)
+from .run_control import EventPump, StopSignals
+from .bench_view import (category_title, column_title, column_widths, ended_progress, load_leaderboard,  # noqa: F401
+                         method_title, number_text, plan_html, plan_problem_html, progress_html, speedup_text,
+                         status_text, write_files)
 from .toast import warning
 
 SETS = {"Spec-Bench dev (bundled)": "spec_bench", "HumanEval dev (bundled)": "humaneval"}
@@ -49,15 +50,8 @@ NEW_TOKENS_KNOB = Knob("max_new_tokens", "Max new tokens", 1, MAX_PAGE_NEW_TOKEN
                        info="Per run; greedy decoding, so lossless methods can be checked.")
 DETAIL_HEADER = ["category", *bench.TABLE_HEADER]
 """Columns of :func:`tables`' detail lines (the benchmark's printed table, with the category first)."""
-COLUMN_TITLES = {"method": "Method", "category": "Category", "runs": "Runs", "tokens": "New tokens",
-                 "tokens/s": "Tokens/s", "speedup": "Speedup", "overall speedup": "Overall speedup",
-                 "tau": "τ (tokens per step)", "alpha": "α (acceptance rate)", "lossless": "Lossless",
-                 "device": "GPU", "model": "Model", "mean_accepted_tokens": "τ (mean accepted tokens)",
-                 "overall_speedup": "Overall speedup"}
-"""Page titles of the table columns (the benchmark's own column names are short ids)."""
 SPEED_TITLE, TAU_TITLE = "Speedup over autoregressive, by category", "Tau per method"
 """Titles of the tab's two charts before a run (the charts of a run have their own)."""
-CATEGORY_TITLES = {"qa": "QA", "rag": "RAG", "stem": "STEM", "humaneval": "HumanEval", "mt_bench": "MT-bench"}
 
 
 def launch_options() -> dict:
@@ -66,28 +60,6 @@ def launch_options() -> dict:
     missing inputs) is answered with Gradio's message instead of an error without text (every
     handler of the page catches its own errors and shows them as warnings)."""
     return {"max_file_size": MAX_UPLOAD_BYTES, "show_error": True}
-
-
-def category_title(category: str) -> str:
-    """A category as the page shows it, in the tables, the charts and the category list alike:
-    ``math_reasoning`` -> ``Math reasoning``, ``qa`` -> ``QA``, ``overall`` -> ``Overall``."""
-    c = str(category)
-    text = CATEGORY_TITLES.get(c, c.replace("_", " "))
-    return text[:1].upper() + text[1:]
-
-
-def column_title(name: str) -> str:
-    """A column name as the page shows it (``overall speedup`` -> ``Overall speedup``,
-    ``math_reasoning speedup`` -> ``Math reasoning speedup``)."""
-    if name in COLUMN_TITLES:
-        return COLUMN_TITLES[name]
-    text = category_title(name.removesuffix(" speedup")) + (" speedup" if name.endswith(" speedup") else "")
-    return text[:1].upper() + text[1:]
-
-
-def method_title(method: str) -> str:
-    """A method's page label (``prompt_lookup`` -> ``Prompt lookup``); unknown names stay as they are."""
-    return METHODS[method].label if method in METHODS else str(method)
 
 
 def upload_name(upload) -> str:
@@ -222,6 +194,10 @@ def _checked(knob: Knob, value):
 def knob_keys() -> list[tuple[str, Knob]]:
     """``(method, knob)`` of each knob input of the tab, in order."""
     return [(m, k) for m, info in METHODS.items() for k in info.knobs]
+
+
+RUNS = StopSignals()
+"""The sessions whose benchmark run is on (armed by Run, released when its event ends): ``RUNS.armed``."""
 
 
 def choose(set_name, upload, categories, methods, per_category, max_new_tokens) -> tuple[list, list[str], int]:
@@ -473,12 +449,14 @@ def build(engine, models=None) -> None:
         models.follow(lambda e, _key: follow_models(e), [], [methods, *knob_inputs])
     # Stop is enabled only while a benchmark runs (as on the Playground): pressed with nothing running
     # it said "Stopped" beside "0/0 runs, not started".
-    # Run clears the last run's results (after a Stop they read as this run's), unless it refuses the inputs.
-    def arm(*inputs):  # updates made when Run is pressed (a component made while building would join the page)
+    # Run clears the last run's results (after a Stop they read as this run's), unless it refuses the inputs;
+    # the session's run is in RUNS until it ends (the Models tab loads nothing meanwhile).
+    def arm(set_name, up, categories, chosen, per_cat, max_new_tokens, request: gr.Request):
         try:
-            choose(*inputs)
+            choose(set_name, up, categories, chosen, per_cat, max_new_tokens)
         except (bench.BenchError, ValueError, TypeError):
             return (gr.skip(),) * 8
+        RUNS.arm(getattr(request, "session_hash", None))
         running = "running: results come as each question ends"
         return (gr.Button(interactive=False), gr.Button(interactive=True),
                 gr.Dataframe(value=None, headers=table.headers, column_widths=column_widths(table.headers, [])),
@@ -490,7 +468,9 @@ def build(engine, models=None) -> None:
     event = armed.then(run, [qset, upload, cats, methods, per_category, max_new, warmup, *knob_inputs, *key],
                        [status, bar, *results], api_name="benchmark", concurrency_id="engine")
     # A bar still "running" then says "stopped" (set here: a last update would overwrite Stop's).
-    idle = (lambda b: (gr.Button(interactive=True), gr.Button(interactive=False), ended_progress(b)))
+    def idle(b, request: gr.Request):
+        RUNS.release(getattr(request, "session_hash", None), RUNS.flag(getattr(request, "session_hash", None)))
+        return gr.Button(interactive=True), gr.Button(interactive=False), ended_progress(b)
     event.then(idle, bar, [run_btn, stop_btn, bar], api_visibility="private", queue=False)
     event.failure(idle, bar, [run_btn, stop_btn, bar], api_visibility="private", queue=False)  # .then skips errors
     # Run comes back when the cancelled run has ended (.then above; a click while it was pending was dropped).

@@ -1,5 +1,5 @@
-"""How the Benchmark tab shows a run: the plan under Run, its progress bar, its status line (HTML), and its
-numbers in the tables."""
+"""How the Benchmark tab shows a run: the plan under Run, its progress bar, its status line (HTML), and the
+titles and numbers of its tables."""
 
 from __future__ import annotations
 
@@ -11,11 +11,41 @@ from pathlib import Path
 import gradio as gr
 
 from playground import bench
+from playground.engine import METHODS
 
 from .render import plural
 
 LEADERBOARD_CSV = bench.ASSETS / "spec_bench_leaderboard.csv"
 """The published Spec-Bench leaderboard the tab shows for reference."""
+COLUMN_TITLES = {"method": "Method", "category": "Category", "runs": "Runs", "tokens": "New tokens",
+                 "tokens/s": "Tokens/s", "speedup": "Speedup", "overall speedup": "Overall speedup",
+                 "tau": "τ (tokens per step)", "alpha": "α (acceptance rate)", "lossless": "Lossless",
+                 "device": "GPU", "model": "Model", "mean_accepted_tokens": "τ (mean accepted tokens)",
+                 "overall_speedup": "Overall speedup"}
+"""Page titles of the table columns (the benchmark's own column names are short ids)."""
+CATEGORY_TITLES = {"qa": "QA", "rag": "RAG", "stem": "STEM", "humaneval": "HumanEval", "mt_bench": "MT-bench"}
+
+
+def category_title(category: str) -> str:
+    """A category as the page shows it, in the tables, the charts and the category list alike:
+    ``math_reasoning`` -> ``Math reasoning``, ``qa`` -> ``QA``, ``overall`` -> ``Overall``."""
+    c = str(category)
+    text = CATEGORY_TITLES.get(c, c.replace("_", " "))
+    return text[:1].upper() + text[1:]
+
+
+def column_title(name: str) -> str:
+    """A column name as the page shows it (``overall speedup`` -> ``Overall speedup``,
+    ``math_reasoning speedup`` -> ``Math reasoning speedup``)."""
+    if name in COLUMN_TITLES:
+        return COLUMN_TITLES[name]
+    text = category_title(name.removesuffix(" speedup")) + (" speedup" if name.endswith(" speedup") else "")
+    return text[:1].upper() + text[1:]
+
+
+def method_title(method: str) -> str:
+    """A method's page label (``prompt_lookup`` -> ``Prompt lookup``); unknown names stay as they are."""
+    return METHODS[method].label if method in METHODS else str(method)
 
 
 def progress_html(done: int, total: int, text: str, running: bool = False) -> str:

@@ -45,10 +45,10 @@ MAX_SESSION_ENGINES = 2
 """Engines kept loaded for sessions' choices besides the server's own (least recently used dropped)."""
 KEY_PREFIX = "models:"
 """Engine keys of loaded choices start with this (the server's own engine has ``worker.register``'s key)."""
-BUSY = ("a run is streaming on the Playground tab with the models loaded now: press Stop there or wait for "
-        "it to end, then load")
-"""Why a load (or Back) is refused while the session's Playground run streams (its panels and verdict
-would follow other models than the run's)."""
+BUSY = ("a run on the Playground or Benchmark tab is using the models loaded now: press Stop there or wait "
+        "for it to end, then load")
+"""Why a load (or Back) is refused while the session's run streams (a Playground run's panels and
+verdict, a benchmark's method list, would follow other models than the run's)."""
 
 
 @dataclass(frozen=True)
@@ -302,7 +302,7 @@ class ModelsPanel:
         key: the session's engine key (a ``gr.State``; the server's engine key until a load).
         cache: the :class:`EngineCache` shared by every session of this page.
         locked: whether the operator fixed the models.
-        running: ``running(session_hash)``: whether the session's Playground run is on (no load then).
+        running: ``running(session_hash)``: whether the session has a run on (no load then).
     """
 
     def __init__(self, engine: Engine, locked: bool | None = None, folder: str | Path | None = None,
