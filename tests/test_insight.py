@@ -388,6 +388,10 @@ def test_bench_tab_run_matches_the_cli_summary(real_target, tmp_path):
                                       for r in rows]
     assert final[2].value["data"] == [[label[ln[0]], *ln[1:]] for ln in bench.leaderboard(rows)[1]]
     assert final[2].value["headers"][:2] == ["Method", "Writing speedup"]
+    # Both charts drew the run (tau's bars went missing when the categories were titled "Overall").
+    speed, tau = final[4], final[5]
+    assert [t.name for t in speed.data] == ["Prompt lookup"] and list(speed.data[0].x) == ["Writing", "Overall"]
+    assert list(tau.data[0].x) == ["Autoregressive", "Prompt lookup"]
     # Bad input: a message, never an exception.
     bad = list(bench_tab.run_benchmark(engine, "Spec-Bench dev (bundled)", None, [], ["autoregressive"], 1, 8,
                                        False, *knobs))

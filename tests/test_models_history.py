@@ -168,6 +168,13 @@ def test_no_load_or_reset_while_the_sessions_run_streams(loads):
     stops.release("mine", flag)
     assert panel.reset(key, mine)[0] == panel.cache.default_key
     assert panel.load("default", models_tab.SAME, "auto", "auto", None, mine, **quiet)[0] == key
+    # A Run pressed while the models loaded: the session keeps its models; the loaded ones are kept for later.
+    started = lambda *a, **k: stops.arm("mine") and None  # noqa: E731 - the load's progress, mid-load
+    out = panel.load("x", "auto", "auto", "auto", key, mine, progress=started)
+    assert out[0] == key and "a run started while they loaded" in out[1] and len(loads) == 2
+    stops.forget("mine")
+    assert not stops.armed("mine")
+    assert panel.load("x", "auto", "auto", "auto", key, mine, **quiet)[0] != key and len(loads) == 2
 
 
 def test_progress_in_page_terms():

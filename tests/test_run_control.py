@@ -364,3 +364,19 @@ def test_a_run_refused_before_its_first_step_clears_the_last_runs_panels(real_ta
     assert values[-2] == gr.skip()  # the step inspector stays on the last run that ran
     bars = values[-3]
     assert all(len(trace.x or ()) == 0 for trace in bars.data)  # no 0.0 bar for methods that did not run
+
+
+def test_stop_signals_say_which_sessions_have_a_run_and_forget_them_when_it_ends():
+    """``armed`` is what the Models tab asks before a load; ``forget`` (the page's handler once a run's
+    event has ended) clears a session whose run never started, which no ``release`` would."""
+    from playground.ui.run_control import StopSignals
+
+    stops = StopSignals()
+    first = stops.arm("a")
+    assert stops.armed("a") and not stops.armed("b") and not stops.armed(None)
+    stops.release("a", stops.arm("a"))  # a newer run's release leaves nothing behind; the old flag is gone
+    assert not stops.armed("a") and not first.is_set()
+    stops.arm("a")
+    stops.forget("a")
+    stops.forget("never armed")
+    assert not stops.armed("a") and len(stops) == 0

@@ -368,8 +368,9 @@ def _main(args: argparse.Namespace) -> int:
                          "the target's tokenizer: a hub id, a model folder or a .gguf file)")
     if args.draft and not needs_draft:
         print("note: --draft is loaded only for methods that need it; none is chosen", file=sys.stderr)
-    if args.medusa and "medusa" not in methods:
-        print("note: --medusa is loaded only for the medusa method, which is not chosen", file=sys.stderr)
+    if args.medusa and "medusa" not in methods_run(specs):
+        print("note: --medusa is loaded only for the medusa method (or a mixture with it), which is not chosen",
+              file=sys.stderr)
     has_draft_heads = bool(args.draft_medusa) and args.draft_medusa.strip().lower() != "none"
     if params.get("draft_model", {}).get("proposer") == "medusa_heads" and not has_draft_heads:
         raise BenchError("--proposer medusa_heads needs Medusa heads trained on the draft model: add "

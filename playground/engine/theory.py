@@ -22,7 +22,8 @@ independently with probability alpha) and K drafted tokens per step:
 Plus the size of a Lookahead pass (Fu et al. 2024): ``1 + W*(N-1) + G*(N-1)`` tokens.
 
 Everything here is plain arithmetic on floats except :func:`measure_verify_cost`, which
-times the loaded target. Errors are ``ValueError`` naming the bound.
+times the loaded target, and :func:`cpu_isa`, which asks torch for this CPU's vector instructions
+(once, at import, to choose :data:`FALLBACK`). Errors are ``ValueError`` naming the bound.
 """
 
 from __future__ import annotations

@@ -400,7 +400,8 @@ def build_demo(engine: Engine, vllm=None, lock_models: bool | None = None, model
             STOPS.arm(getattr(request, "session_hash", None))
             return gr.Button(interactive=False), gr.Button(interactive=True), *(gr.Checkbox(interactive=False),) * len(use)
 
-        def idle(key):
+        def idle(key, request: gr.Request):
+            STOPS.forget(getattr(request, "session_hash", None))  # also for a run that never started (queue full)
             e = models.cache.get(key) or engine
             return (gr.Button(interactive=True), gr.Button(interactive=False),
                     *(gr.Checkbox(interactive=e.unavailable_reason(m) is None) for m in use))

@@ -175,7 +175,8 @@ def _outputs(status: str, bar, records: list[dict], files=(None, None)) -> tuple
     rows, header, lines, detail = tables(records)
     shown = _chart_rows(rows)
     return (status, bar, _frame(header, lines), _frame(DETAIL_HEADER, detail),
-            charts.bench_speedup_figure(shown, baseline=method_title(BASELINE)), charts.bench_tau_figure(shown),
+            charts.bench_speedup_figure(shown, baseline=method_title(BASELINE)),
+            charts.bench_tau_figure(shown, category_title("overall")),
             files[0], files[1])
 
 
@@ -469,7 +470,7 @@ def build(engine, models=None) -> None:
                        [status, bar, *results], api_name="benchmark", concurrency_id="engine")
     # A bar still "running" then says "stopped" (set here: a last update would overwrite Stop's).
     def idle(b, request: gr.Request):
-        RUNS.release(getattr(request, "session_hash", None), RUNS.flag(getattr(request, "session_hash", None)))
+        RUNS.forget(getattr(request, "session_hash", None))
         return gr.Button(interactive=True), gr.Button(interactive=False), ended_progress(b)
     event.then(idle, bar, [run_btn, stop_btn, bar], api_visibility="private", queue=False)
     event.failure(idle, bar, [run_btn, stop_btn, bar], api_visibility="private", queue=False)  # .then skips errors

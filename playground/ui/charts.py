@@ -313,9 +313,10 @@ def bench_speedup_figure(rows: Sequence[dict], baseline: str = "autoregressive")
     return fig
 
 
-def bench_tau_figure(rows: Sequence[dict]) -> go.Figure:
-    """Bars of tau (mean tokens per step, bonus included), overall, per method."""
-    overall = [r for r in rows if r["category"] == "overall"]
+def bench_tau_figure(rows: Sequence[dict], overall_label: str = "overall") -> go.Figure:
+    """Bars of tau (mean tokens per step, bonus included), overall, per method: the rows whose
+    category is ``overall_label`` (as the rows name it: the Benchmark tab titles it "Overall")."""
+    overall = [r for r in rows if r["category"] == overall_label]
     if not overall:
         return empty_figure("Tau per method", "run a benchmark")
     labels = [r["method"] for r in overall]

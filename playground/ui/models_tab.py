@@ -355,9 +355,12 @@ class ModelsPanel:
                 raise ValueError(BUSY)
             new_key = self.cache.load(ModelChoice(target, draft, medusa, eagle),
                                       page_progress(progress, started))
+            if self.running(getattr(request, "session_hash", None)):  # a Run pressed while they loaded
+                raise ValueError("a run started while they loaded (they are kept: press Load again once it has "
+                                 "ended, and they come at once)")
         except (ModelLoadError, ValueError, MemoryError, OSError) as e:
-            msg = render.status_html("warning", f"Could not load these models: {str(e).rstrip('.')}. The models loaded before "
-                                                "stay in use.")
+            msg = render.status_html("warning", f"Could not load these models: {str(e).rstrip('.')}. The models "
+                                                "loaded before stay in use.")
             return (key, msg, gr.skip(), gr.skip(), *(gr.skip() for _ in range(self._n_updates)))
         engine = self.cache.get(new_key)
         done = render.status_html("done", f"Loaded in {time.perf_counter() - started:.1f} s, for this browser tab "

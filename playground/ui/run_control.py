@@ -68,6 +68,12 @@ class StopSignals:
             if key is not None and self._flags.get(key) is flag:
                 del self._flags[key]
 
+    def forget(self, key: str | None) -> None:
+        """Drop ``key``'s flag, whatever it is: the page calls it when the run's event has ended (a run
+        that never started, its job refused by a full queue, released nothing)."""
+        with self._lock:
+            self._flags.pop(key, None)
+
     def armed(self, key: str | None) -> bool:
         """Whether ``key`` has a run armed (clicked, queued or streaming) that has not ended."""
         with self._lock:
