@@ -401,9 +401,10 @@ def build(engine, use: dict, knobs: dict, last_run: gr.State | None = None, mode
     if tab is not None:  # the advice built with the page predates this device's timing
         tab.select(lambda *v: advise_and_clear(*v)[:2], inputs + run + key, [out, state], api_visibility="private",
                    queue=False)
-    for comp in inputs + run:
-        comp.change(advise_and_clear, inputs + run + key, [out, state, applied], api_visibility="private",
-                    queue=False)
+    # One listener for every input, the latest change winning: a typed size also clears the "loaded here"
+    # boxes (below), and the advice of the size's change must not land after the boxes' own.
+    gr.on([comp.change for comp in inputs + run], advise_and_clear, inputs + run + key, [out, state, applied],
+          api_visibility="private", queue=False, trigger_mode="always_last")
     apply_btn.click(lambda adv, *k: apply_values(session(*k)[0], adv, knob_keys), [state, *key],
                     [*(use[m] for m in METHODS), *(knobs[kk] for kk in knob_keys), applied],
                     api_visibility="private", queue=False)
