@@ -27,6 +27,7 @@ from playground.backends.vllm.client import StreamCutter, VLLMError
 from playground.backends.vllm.runner import Sampling, run_completion, run_to_end
 from playground.backends.vllm.server import (ServerPool, VLLMServerError, detect_device, parse_vllm_urls, share_gpu,
                                              vllm_available)
+from playground.engine import METHODS
 
 from . import render
 from .run_control import EventPump, StopSignals
@@ -351,7 +352,8 @@ def build(session: VLLMSession, engine) -> None:
     methods = session.methods()
     gr.Markdown("Every method on its own vLLM server. " + html.escape(TIMING.capitalize()) + ".")
     with gr.Row():
-        chosen = gr.CheckboxGroup(methods, value=[m for m in methods if m in vm.SUPPORTED], label="Methods",
+        chosen = gr.CheckboxGroup([(METHODS[m].label if m in METHODS else m, m) for m in methods],  # page names
+                                  value=[m for m in methods if m in vm.SUPPORTED], label="Methods",
                                   elem_id="vllm-methods")
         start = gr.Button("Start vLLM servers", elem_id="vllm-start")
     with gr.Accordion("Deploy these methods on vLLM servers of your own", open=False):

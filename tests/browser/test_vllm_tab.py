@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from playground.backends.vllm import client as C
+from playground.engine import METHODS as ENGINE_METHODS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/browser: the browser fixture
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared UI helpers
@@ -75,8 +76,9 @@ def test_vllm_tab_runs_four_methods_and_stops(browser, vllm_page):  # noqa: F811
         page.goto(url)
         page.get_by_role("tab", name="vLLM").click()
         expect(page.locator("#vllm-start")).to_be_visible(timeout=60_000)
-        for m in METHODS:
-            expect(page.locator("#vllm-methods")).to_contain_text(m)
+        for m in METHODS:  # by their page names, not their ids
+            expect(page.locator("#vllm-methods")).to_contain_text(ENGINE_METHODS[m].label)
+        expect(page.locator("#vllm-methods")).not_to_contain_text("prompt_lookup")
         page.get_by_text("Deploy these methods on vLLM servers of your own").click()  # the commands to run them yourself
         expect(page.locator("#vllm-deploy")).to_contain_text('"method":"eagle3"')
         expect(page.locator("#vllm-deploy")).to_contain_text("--vllm-url draft_model=http://gpu-host:8002")
@@ -125,7 +127,7 @@ def test_vllm_tab_runs_four_methods_and_stops(browser, vllm_page):  # noqa: F811
 
         # Stop: a long baseline-only run is cancelled mid-stream and vLLM aborts the request.
         for m in METHODS[1:]:
-            page.locator("#vllm-methods").get_by_label(m, exact=True).uncheck()
+            page.locator("#vllm-methods").get_by_label(ENGINE_METHODS[m].label, exact=True).uncheck()
         page.locator("#vllm-prompt textarea").fill(LONG_PROMPT)
         max_new.fill("1024")
         max_new.press("Enter")
