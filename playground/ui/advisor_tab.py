@@ -145,12 +145,11 @@ def loaded_here(engine, size, device) -> tuple[bool, bool, bool]:
     parameters on ``device``: what ``engine`` has loaded when they describe its target, else all
     False (the advice then is for another deployment: it kept "the loaded draft's own K", measured
     on the 135M default, for a 7B target's draft)."""
+    loaded_size, _, has_draft, has_medusa, loaded_device, has_eagle = situation_values(engine)
     try:
-        same = abs(float(size) - target_size_b(engine)) < 1e-9
+        here = abs(float(size) - loaded_size) < 1e-9 and device == loaded_device
     except (TypeError, ValueError):
-        same = False
-    has_draft, has_medusa, _, has_eagle = loaded_models(engine)
-    here = same and device == situation_values(engine)[4]
+        here = False
     return has_draft and here, has_medusa and here, has_eagle and here
 
 

@@ -351,11 +351,11 @@ class ModelsPanel:
         try:
             if self.locked:
                 raise ValueError("the models are fixed on this server")
-            if self.running(getattr(request, "session_hash", None)):
+            if self._busy(request):
                 raise ValueError(BUSY)
             new_key = self.cache.load(ModelChoice(target, draft, medusa, eagle),
                                       page_progress(progress, started))
-            if self.running(getattr(request, "session_hash", None)):  # a Run pressed while they loaded
+            if self._busy(request):  # a Run pressed while they loaded
                 raise ValueError("a run started while they loaded (they are kept: press Load again once it has "
                                  "ended, and they come at once)")
         except (ModelLoadError, ValueError, MemoryError, OSError) as e:
@@ -368,9 +368,12 @@ class ModelsPanel:
         return (new_key, done, models_markdown(engine), self.header_fn(engine),
                 *method_updates(engine, before, self.knob_keys))
 
+    def _busy(self, request) -> bool:  # the requesting session has a run on
+        return self.running(getattr(request, "session_hash", None))
+
     def reset(self, key, request: gr.Request = None):
         """Back to the server's models (the form too, so the next Load does not bring the last choice back)."""
-        if self.running(getattr(request, "session_hash", None)):
+        if self._busy(request):
             return (key, render.status_html("warning", f"Not now: {BUSY}."), *(gr.skip(),) * (self._n_updates + 7))
         engine = self.cache.default
         return (self.cache.default_key, render.status_html("done", "Back to the server's models."),
