@@ -76,8 +76,9 @@ def held_prior(held: int) -> float:
     kind, no benchmark text), 2026-12-07: the first token after a one-token match was accepted
     0.21 of the time, after two 0.52; tokens deeper in a copy 0.53 after two, 0.72 after four,
     0.90 after ten to fourteen, 0.95 after 22 or more. The former prior, ``h / (h + 1.5)``, said
-    0.4 for the one-token match, the bulk of the nodes (981 of 2,300), so on free text each run
-    verified such guesses for several steps before its estimates fell."""
+    0.4 for the one-token match, the bulk of the nodes (981 of 2,352). Speed was level with the
+    former prior in a same-run A/B on the dev set (docs/budget.md); the estimates each run starts
+    from are what happens."""
     return (held - 0.5) / (held + 1.0)
 
 HELD_BINS = (1, 2, 3, 4, 5, 7, 10, 15, 22)

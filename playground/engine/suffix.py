@@ -74,9 +74,9 @@ benchmark text, each answer's output joining the global cache), 2026-12-07: the 
 match is the risky one (this request's tree: accepted 0.41 of the time at c = 1; the global cache:
 0.26), while a match that has held runs on (this request's tree at depth 3: 0.83, depth 4 and
 deeper: 0.93). The former prior, ``0.8 c`` at every depth, was 1.5 times the outcome overall and
-twice it at depth 1, the bulk of the nodes, so each new answer on free text verified such guesses
-for a dozen steps before the estimates fell (0.89x a plain decode on the first question of the dev
-set's writing category, 0 of 53 nodes accepted)."""
+twice it at depth 1, the bulk of the nodes: on the dev set's first writing question a fresh
+estimator verified two or three nodes on 20 of 64 steps, none accepted. Speed was level with the
+former prior in a same-run A/B on the dev set (docs/budget.md)."""
 
 
 class SuffixTree:
