@@ -19,7 +19,7 @@ from playground import advisor, presets
 from playground.engine import BASELINE, METHODS
 
 from . import wording
-from .wording import choice_label, unavailable_text
+from .wording import choice_label, method_label, unavailable_text
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +105,9 @@ def advice_markdown(advice: advisor.Advice, engine) -> str:
     """The advice as Markdown: the recommendation, settings (page names), whether it deploys on vLLM (else
     the fastest advised method that does), reasons with the rule behind each (its title and source,
     never its id; its guidance is in the tab's list of rules, which the reason applies), measured notes."""
-    label = METHODS[advice.primary].label if advice.primary in METHODS else advice.primary
+    label = method_label(advice.primary)
     lines = [f"### Recommended: **{label}**"]
-    ticks = ", ".join(METHODS[m].label if m in METHODS else m for m in advice.methods)
+    ticks = ", ".join(method_label(m) for m in advice.methods)
     lines.append(f"Compare on the Playground tab: {ticks}.")
     for m, params in advice.params.items():
         if not params:

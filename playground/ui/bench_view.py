@@ -11,9 +11,9 @@ from pathlib import Path
 import gradio as gr
 
 from playground import bench
-from playground.engine import METHODS
 
 from .render import plural
+from .wording import method_label
 
 LEADERBOARD_CSV = bench.ASSETS / "spec_bench_leaderboard.csv"
 """The published Spec-Bench leaderboard the tab shows for reference."""
@@ -43,9 +43,8 @@ def column_title(name: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def method_title(method: str) -> str:
-    """A method's page label (``prompt_lookup`` -> ``Prompt lookup``); unknown names stay as they are."""
-    return METHODS[method].label if method in METHODS else str(method)
+method_title = method_label
+"""A method's page label (:func:`.wording.method_label`), under the name the Benchmark tab's titles use."""
 
 
 def progress_html(done: int, total: int, text: str, running: bool = False) -> str:

@@ -26,10 +26,11 @@ from collections import Counter, OrderedDict
 import gradio as gr
 import plotly.graph_objects as go
 
-from playground.engine import BASELINE, METHODS, SOURCE_TARGET, source_labels
+from playground.engine import BASELINE, SOURCE_TARGET, source_labels
 
 from . import charts, guide, insight, render
 from .knobs import KnobSlider
+from .wording import method_label
 
 MAX_STEPS_KEPT = 512
 """Steps kept per method for the inspector (the most recent; older ones are dropped)."""
@@ -178,7 +179,7 @@ def tree_html(engine, method: str, step: int, record: dict | None, kept: list[in
         record: :meth:`RunSteps.get`'s record, None when the step is not kept.
         kept: the method's kept step numbers (to say which are there).
     """
-    label = METHODS[method].label if method in METHODS else method
+    label = method_label(method)
     if record is None:
         where = (f"steps {kept[0]} to {kept[-1]} are kept" if kept else "no step of it is kept")
         return (f'<div class="tree-empty">No step {int(step)} of {html.escape(label)} to show: {where} '
@@ -347,7 +348,7 @@ def why_markdown(engine, engine_key: str, store: RunSteps | None) -> str:
     base = store.stats.get(BASELINE)
     lines = []
     for m in store.methods:
-        label = METHODS[m].label if m in METHODS else m
+        label = method_label(m)
         f = speed_figures(store.stats.get(m, {}), store.pass_sizes[m], store.chain_steps[m], cost,
                           base if m != BASELINE else None)
         lines.append(why_line(label, f, m == BASELINE))
@@ -365,7 +366,7 @@ def steps_figure(store: RunSteps | None, method: str | None, chosen: int | None)
     records = store.records(method) if store is not None and method else []
     if not records:
         return charts.empty_figure("Tokens per step", "run a method to see its steps here", height=220)
-    label = METHODS[method].label if method in METHODS else method
+    label = method_label(method)
     xs = [s for s, _ in records]
     acc = [len(r["tree"]["path"]) for _, r in records]
     custom = [[method, s] for s in xs]
@@ -412,7 +413,7 @@ def view(engine, engine_key: str, store: RunSteps | None, method: str | None = N
         step = int(step) if step is not None else _default_step(store, method)
     except (TypeError, ValueError):
         step = _default_step(store, method)
-    choices = [(METHODS[m].label if m in METHODS else m, m) for m in store.methods]
+    choices = [(method_label(m), m) for m in store.methods]
     dropdown = gr.update(choices=choices, value=method)
     if not kept or step is None:
         return why, dropdown, gr.update(), steps_figure(store, method, None), tree_html(engine, method, 0, None, [])

@@ -27,9 +27,9 @@ from playground.backends.vllm.client import StreamCutter, VLLMError
 from playground.backends.vllm.runner import Sampling, run_completion, run_to_end
 from playground.backends.vllm.server import (ServerPool, VLLMServerError, detect_device, parse_vllm_urls, share_gpu,
                                              vllm_available)
-from playground.engine import METHODS
 
 from . import render
+from .wording import method_label
 from .run_control import EventPump, StopSignals
 
 log = logging.getLogger(__name__)
@@ -352,7 +352,7 @@ def build(session: VLLMSession, engine) -> None:
     methods = session.methods()
     gr.Markdown("Every method on its own vLLM server. " + html.escape(TIMING.capitalize()) + ".")
     with gr.Row():
-        chosen = gr.CheckboxGroup([(METHODS[m].label if m in METHODS else m, m) for m in methods],  # page names
+        chosen = gr.CheckboxGroup([(method_label(m), m) for m in methods],  # page names
                                   value=[m for m in methods if m in vm.SUPPORTED], label="Methods",
                                   elem_id="vllm-methods")
         start = gr.Button("Start vLLM servers", elem_id="vllm-start")

@@ -62,6 +62,11 @@ CHOICE_LABELS: dict[tuple[str, str], str] = {
 """Page names of named options whose key is not readable as it is: ``(knob name, option) -> label``."""
 
 
+def method_label(method: str) -> str:
+    """A method's page label (``prompt_lookup`` -> ``Prompt lookup``); unknown names stay as they are."""
+    return METHODS[method].label if method in METHODS else str(method)
+
+
 def choice_label(knob_name: str, value: str) -> str:
     """The page name of option ``value`` of knob ``knob_name``: from :data:`CHOICE_LABELS`; a list of
     methods (a mixture's members, ``"suffix,recycling"``) as their labels joined by " + "; else the
