@@ -143,6 +143,26 @@ def test_keep_non_contiguous_path_then_continue_equals_chain():
     torch.testing.assert_close(after, whole, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("offsets", [[0], [0, 1, 2], [0, 2], [0, 1, 3], [0, 3, 5, 6], [0, 1, 4, 6], [0, 6]])
+def test_keep_moves_exactly_the_kept_queries(offsets):
+    """``CausalLM.keep`` leaves, in every layer, the prefix followed by the kept queries' keys and
+    values, bit for bit as a plain gather would (a run in place, one query moved, several moved)."""
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(len(offsets) * 7 + offsets[-1])
+    cache, whole = DynamicCache(), []
+    for i in range(3):
+        k, v = torch.randn(1, 2, 12, 4, generator=g), torch.randn(1, 2, 12, 4, generator=g)
+        cache.update(k, v, i)
+        whole.append((k.clone(), v.clone()))
+    past_len = 5
+    CausalLM.keep(cache, past_len, offsets)
+    rows = list(range(past_len)) + [past_len + o for o in offsets]
+    assert cache.get_seq_length() == len(rows)
+    for layer, (k, v) in zip(cache.layers, whole):
+        assert torch.equal(layer.keys, k[:, :, rows]) and torch.equal(layer.values, v[:, :, rows])
+
+
 def test_forward_rejects_bad_shapes():
     """CausalLM.forward checks shapes on entry: empty or 2-D input ids and parents of the
     wrong length raise ValueError showing the shape received."""

@@ -330,7 +330,8 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], settings: 
         sources = [cand.sources[c] for c in verdict.path] + [SOURCE_TARGET]
         drafter.update(StepResult(cand, verdict.path, verdict.bonus_token, out.tokens + new, extra_logits,
                                   logits=logits))
-        event = out.emit(new, sources, _margins(logits[rows]), step=step, proposed=len(cand),
+        margins = verdict.margins if verdict.margins is not None else _margins(logits[rows])
+        event = out.emit(new, sources, margins, step=step, proposed=len(cand),
                          accepted=len(verdict.path), seconds=target.clock() - t0, draft_s=t_draft, depth=depth)
         event.tree = StepTree.of(cand, verdict.path, verdict.bonus_token, t_draft, event.seconds - t_draft)
     drafter.finish(list(out.tokens), len(prompt_ids))  # before the last event: consumers may stop there

@@ -34,10 +34,14 @@ class Verdict:
     Attributes:
         path: accepted candidate indices, root to leaf (empty when none was accepted).
         bonus_token: the token sampled from the target after the last accepted node.
+        margins: under greedy verification, the target's top-1 minus top-2 logit at the root and
+            at each accepted node (rows ``[0] + [i + 1 for i in path]``), read in the same pass as
+            its choice there; None from the other rules (the loop then reads them itself).
     """
 
     path: list[int]
     bonus_token: int
+    margins: list[float] | None = None
 
 
 def _check(candidates: Candidates, target: torch.Tensor, name: str) -> None:
@@ -55,24 +59,41 @@ def verify_greedy(candidates: Candidates, target_logits: torch.Tensor) -> Verdic
             scores candidate i (it predicts the token after it).
 
     Returns:
-        The longest path whose every token equals the target's argmax at its parent, and
-        the target's argmax after that path as the bonus token.
+        The longest path whose every token equals the target's argmax at its parent (the first
+        index among equal maxima, as ``argmax``), the target's argmax after that path as the
+        bonus token, and the top-1 minus top-2 margin of each row read (``Verdict.margins``).
+
+    Only the rows on the way are read (the root's and each accepted node's), one top-2 each,
+    which also gives the margins the page shows: on the 2-vCPU AMD EPYC a row of the default
+    target's 49,152 logits takes about 0.06 ms to scan, and a tree step verifies 4-10 rows.
     """
     _check(candidates, target_logits, "target_logits")
-    best = target_logits.argmax(dim=-1).tolist()  # (num_nodes + 1,)
     tokens = candidates.tokens.tolist()
     children = candidates.children()
     path: list[int] = []
+    margins: list[float] = []
     row = 0
     while True:
+        best, margin = _choice(target_logits[row])
+        margins.append(margin)
         # 1. Among the current node's children, find the one the target would pick.
-        nxt = next((c for c in children[row] if tokens[c] == best[row]), None)
+        nxt = next((c for c in children[row] if tokens[c] == best), None)
         if nxt is None:
             # 2. None: the target's own choice is the bonus / correction token.
-            return Verdict(path, best[row])
+            return Verdict(path, best, margins)
         # 3. Accept it and descend.
         path.append(nxt)
         row = nxt + 1
+
+
+def _choice(row: torch.Tensor) -> tuple[int, float]:
+    """``(argmax, top-1 minus top-2)`` of one ``(vocab_size,)`` row of logits; the argmax is the
+    first index among equal maxima (top-k does not promise an order among ties)."""
+    if row.shape[0] < 2:
+        return int(row.argmax()), 0.0
+    values, indices = torch.topk(row, 2)
+    top, second = values.tolist()
+    return (int(indices[0]) if top > second else int(row.argmax())), top - second
 
 
 def verify_sampling(candidates: Candidates, target_probs: torch.Tensor,
