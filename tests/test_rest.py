@@ -17,7 +17,8 @@ import torch
 import drafter_checks as checks
 from playground.engine import MethodSpec
 from playground.engine.rest import (DATASTORE_ENV, DEFAULT_DATASTORE_DIR, MAX_TOKEN_ID, Datastore, RestDrafter,
-                                    continuation_tree, datastore_dir, engine_datastore, read_answers)
+                                    continuation_tree, datastore_dir, engine_datastore, longest_match_reference,
+                                    read_answers)
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
@@ -99,6 +100,23 @@ def test_longest_match_and_continuations():
     assert store.longest_match([0, 5, 9], 12, 1)[0] == 1
     m, lo, hi = store.longest_match([3], 12, 1)
     assert len(store.continuations(lo, hi, m, 2, 2)) == 2  # at most max_retrieved rows
+
+
+def test_longest_match_equals_trying_every_length():
+    """The binary search on the match length finds what trying every length longest first finds, on
+    40 random corpora and contexts (small vocabularies, so that long matches occur), for every
+    max_match and min_match."""
+    rng = random.Random(11)
+    for trial in range(40):
+        vocab = rng.choice([2, 3, 5])
+        seqs = [[rng.randrange(vocab) for _ in range(rng.randint(0, 50))] for _ in range(rng.randint(1, 4))]
+        store = Datastore(seqs)
+        for _ in range(20):
+            context = [rng.randrange(vocab + 1) for _ in range(rng.randint(1, 16))]  # vocab: an unseen id
+            max_match = rng.randint(1, 12)
+            min_match = rng.randint(1, max_match)
+            got = store.longest_match(context, max_match, min_match)
+            assert got == longest_match_reference(store, context, max_match, min_match), (trial, context)
 
 
 def reference_tree(rows: list[list[int]], max_nodes: int, min_prob: float) -> dict[tuple[int, ...], int]:

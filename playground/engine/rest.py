@@ -161,12 +161,21 @@ class Datastore:
 
     def longest_match(self, context: Sequence[int], max_match: int, min_match: int = 1) -> tuple[int, int, int]:
         """``(m, lo, hi)``: the longest suffix of ``context`` (``min_match <= m <= max_match``) that
-        occurs, with its range (:meth:`find`); ``(0, 0, 0)`` when none does."""
-        for m in range(min(max_match, MAX_REST_MATCH, len(context)), max(min_match, 1) - 1, -1):
+        occurs, with its range (:meth:`find`); ``(0, 0, 0)`` when none does.
+
+        A binary search on m: where the suffix of m tokens occurs, the suffix of m - 1 occurs one
+        position later, so the lengths that occur are 1 .. M. About 4 lookups instead of up to 12
+        (:func:`longest_match_reference` tries them longest first)."""
+        best = (0, 0, 0)
+        low, high = max(min_match, 1), min(max_match, MAX_REST_MATCH, len(context))
+        while low <= high:
+            m = (low + high) // 2
             lo, hi = self.find(context[len(context) - m:])
             if hi > lo:
-                return m, lo, hi
-        return 0, 0, 0
+                best, low = (m, lo, hi), m + 1
+            else:
+                high = m - 1
+        return best
 
     def continuations(self, lo: int, hi: int, m: int, depth: int, max_retrieved: int) -> np.ndarray:
         """``(k, depth)`` int64 target ids following occurrences ``lo .. hi - 1`` of an ``m``-token
@@ -178,6 +187,16 @@ class Datastore:
         rows = self.corpus[starts[:, None] + np.arange(depth)[None, :]]
         alive = np.cumprod(rows != 0, axis=1).astype(bool)  # nothing after an end mark
         return np.where(alive, rows - 1, -1)
+
+
+def longest_match_reference(store: Datastore, context: Sequence[int], max_match: int,
+                            min_match: int = 1) -> tuple[int, int, int]:
+    """Slow obvious reference of :meth:`Datastore.longest_match`: every length, longest first."""
+    for m in range(min(max_match, MAX_REST_MATCH, len(context)), max(min_match, 1) - 1, -1):
+        lo, hi = store.find(context[len(context) - m:])
+        if hi > lo:
+            return m, lo, hi
+    return 0, 0, 0
 
 
 def continuation_tree(rows: np.ndarray, max_nodes: int, min_prob: float) -> tuple[list[int], list[int], list[float],
