@@ -31,7 +31,7 @@ from playground.engine import GENERATION_KNOBS, REPETITION_PENALTY_KNOB
 from . import advisor_tab, bench_tab, charts, guide, history, insight, medusa_panel, models_tab, render
 from . import step_inspector, theory_tab, wording, worker
 from .inputs import STOP_INPUT, _parse, input_names, model_settings_note, run_arguments, stop_lines  # noqa: F401
-from .knobs import knob_input
+from .knobs import KEEP_ON_CLEAR_JS, knob_input
 from .legend import legend_sources  # noqa: F401  (read as app.legend_sources)
 from .run_control import EventPump, StopSignals, reading_status, waiting_status
 from .run_view import RunView
@@ -85,14 +85,15 @@ ones keep the same width (a wrapped flex row would stretch a lone last panel).""
 
 
 def launch_options() -> dict[str, Any]:
-    """Keyword arguments for ``demo.launch()``: theme and CSS (Gradio 6 takes them there), the
+    """Keyword arguments for ``demo.launch()``: theme, CSS and the page script (Gradio 6 takes them there), the
     upload size limit of the Benchmark tab and ``show_error`` (see ``bench_tab.launch_options``).
 
     The theme names only system fonts, so the page makes no request outside the server.
     """
     theme = gr.themes.Default(primary_hue="blue", font=["ui-sans-serif", "system-ui", "sans-serif"],
                               font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
-    return {"theme": theme, "css": PAGE_CSS + step_inspector.STEP_CSS + guide.GUIDE_CSS, **bench_tab.launch_options()}
+    return {"theme": theme, "css": PAGE_CSS + step_inspector.STEP_CSS + guide.GUIDE_CSS, "js": KEEP_ON_CLEAR_JS,
+            **bench_tab.launch_options()}
 
 
 def load_examples(path: Path = EXAMPLES_PATH) -> list[dict]:

@@ -8,7 +8,9 @@ is set to the nearest allowed value and a message says so ("K: allowed values ar
 of message. (A slider's number box clamps on leaving the field in Gradio's front end; the
 handlers here say so, and round what the front end leaves unrounded. A typed "0" where the
 minimum lies between 0 and 1, as for top-p, may be the start of "0.5": it is said when the field
-is left and the front end has clamped it.) Anything still invalid
+is left and the front end has clamped it. A slider's box left empty keeps the value it had
+(:data:`KEEP_ON_CLEAR_JS`): Gradio's front end would clamp "nothing" to the minimum, and a run
+would silently make one token or sample with top-p 0.01.) Anything still invalid
 when Run is pressed (an API call, a value sent before the correction arrived) is refused with
 the page's label and the allowed range, and nothing runs (:func:`page_check`).
 
@@ -26,6 +28,30 @@ from gradio.components.number import Number
 
 from .wording import choice_pairs
 from .toast import warning
+
+KEEP_ON_CLEAR_JS = """() => {
+  // A slider's number box left empty gets back the last value it showed, before Gradio's own blur
+  // handler clamps the empty value to the slider's minimum.
+  const sliderBox = (el) => el instanceof HTMLInputElement && el.type === "number"
+    && !!el.closest(".block")?.querySelector("input[type=range]");
+  const remember = (e) => {
+    const box = e.target;
+    if (sliderBox(box) && box.value.trim() !== "") box.dataset.kept = box.value;
+  };
+  document.addEventListener("focusin", remember, true);
+  document.addEventListener("beforeinput", remember, true);  // before each edit: what it showed
+  document.addEventListener("blur", (e) => {
+    const box = e.target;
+    if (!sliderBox(box) || box.value.trim() !== "" || !box.dataset.kept) return;
+    box.value = box.dataset.kept;
+    box.dispatchEvent(new Event("input", { bubbles: true }));
+  }, true);
+}"""
+"""Page script (``launch(js=...)``): a slider's number box emptied and left gets back the last value
+it showed (before the edit that emptied it, so a value the server corrected meanwhile counts),
+instead of Gradio's clamp of the empty value to the minimum (max new tokens 1, top-p 0.01,
+repetition penalty 0.5, with no message). Listeners in the capture phase on the document run
+before the box's own handlers; the ``input`` event updates the bound value."""
 
 NUMBER_BOX_RANGE = 10_000
 """Knobs with a wider range than this get a number box instead of a slider (the seed)."""

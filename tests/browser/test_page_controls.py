@@ -77,7 +77,8 @@ def _toasts(page) -> str:
 @pytest.mark.real_model
 def test_typed_values_are_corrected_once_with_a_message_and_bad_options_are_not_offered(browser, url):  # noqa: F811
     """One rule: out of range is clamped and the message says "clamped to"; a fraction for a
-    whole number is rounded and the message says "rounded to"; the run uses what the field shows.
+    whole number is rounded and the message says "rounded to"; a box emptied keeps its value; the
+    run uses what the field shows.
     The draft model's Medusa-heads proposer is not offered without draft heads (a broken Medusa
     tree's message: tests/test_medusa_ui.py)."""
     from playwright.sync_api import expect
@@ -107,6 +108,13 @@ def test_typed_values_are_corrected_once_with_a_message_and_bad_options_are_not_
         max_new.fill("12.5")
         expect(max_new).to_have_value("12", timeout=20_000)
         assert "12.5 is rounded to 12." in _toasts(page)
+        # A box emptied and left keeps its value (Gradio alone would clamp nothing to the minimum, 1).
+        for box, kept in ((max_new, "12"), (page.locator("#gen-top_p input[type=number]"), "1")):
+            box.fill("")
+            page.locator("#prompt textarea").click()
+            expect(box).to_have_value(kept)
+        page.wait_for_timeout(1000)
+        expect(max_new).to_have_value("12")
         seed = page.locator("#gen-seed input")
         seed.fill("1.5")
         page.locator("#prompt textarea").click()
