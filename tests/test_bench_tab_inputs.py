@@ -134,6 +134,32 @@ def test_a_turns_records_reach_the_page_together():
     assert "question 81, turn 1: every method done" in progress[0] and "question 82" in progress[1]
 
 
+def test_a_benchmark_that_shared_the_machine_says_so_when_done():
+    """A page run in flight while the benchmark ran (checked in on the server's record): the Done
+    line says the speeds are less reliable; the same benchmark alone does not."""
+    from playground.ui.run_control import OVERLAPS, SHARED_NOTE
+
+    def stream(key, questions, specs, settings, warmup):
+        yield {"type": "start", "runs": 1}
+        yield {"type": "record", "record": {
+            "question_id": 81, "category": "writing", "turn": 0, "method": "autoregressive", "params": {},
+            "new_tokens": 4, "steps": 4, "wall_s": 0.1, "steady_steps": 4.0, "ttft_s": 0.01, "tokens_per_s": 40.0,
+            "mean_accepted_tokens": 1.0, "acceptance_rate": None, "output_ids": [1, 2, 3, 4], "output_text": "abcd"}}
+
+    def done_line():
+        out = list(bench_tab.run_benchmark(object(), SPEC, None, ["writing"], ["autoregressive"], 1, 4, False,
+                                           *_knobs(), stream=stream))
+        return html.unescape(str(out[-1][0]))
+
+    alone = done_line()
+    assert alone.count("Done:") == 1 and SHARED_NOTE not in alone
+    page_run = OVERLAPS.begin()
+    try:
+        assert SHARED_NOTE in done_line()
+    finally:
+        OVERLAPS.end(page_run)
+
+
 def test_the_benchmark_runs_in_a_thread_that_ends_with_it():
     """The benchmark's runs are pulled in a thread of their own, never in the handler's (Gradio's
     reused worker thread would keep an OpenMP team that slows every later run), and that thread

@@ -380,3 +380,43 @@ def test_stop_signals_say_which_sessions_have_a_run_and_forget_them_when_it_ends
     stops.forget("a")
     stops.forget("never armed")
     assert not stops.armed("a") and len(stops) == 0
+
+
+def test_overlaps_tell_a_run_whether_another_was_in_flight_at_any_moment_of_it():
+    """Two tabs' runs at once distort each other's timings (a user saw prompt lookup at 0.68x instead of
+    1.0x): a run learns whether another was in flight when it began or began while it ran."""
+    from playground.ui.run_control import Overlaps
+
+    overlaps = Overlaps()
+    a = overlaps.begin()
+    assert not overlaps.shared(a)  # alone so far
+    b = overlaps.begin()  # begins while a runs
+    assert overlaps.shared(a) and overlaps.shared(b)
+    assert overlaps.end(b) and overlaps.end(a)
+    c = overlaps.begin()  # after both ended: alone again
+    assert not overlaps.shared(c)
+    assert not overlaps.end(c)
+
+
+@pytest.mark.real_model
+def test_a_page_run_that_shared_the_machine_says_so_after_its_speeds(real_target):
+    """The same run alone and with another run in flight (a second tab's, checked in on the server's
+    record): only the second's status line and toast say its speeds are less reliable."""
+    from playground.engine import Engine
+    from playground.ui import app as ui_app
+    from playground.ui.app import run_arguments, run_comparison
+    from playground.ui.run_control import OVERLAPS, SHARED_NOTE
+
+    engine = Engine(real_target)
+    args = run_arguments("Say hello.", ["autoregressive"], max_new_tokens=4)
+    alone = html.unescape(str(list(run_comparison(engine, *args))[-1][0]))
+    assert "Done in" in alone and SHARED_NOTE not in alone
+    other = OVERLAPS.begin()
+    try:
+        shared = html.unescape(str(list(run_comparison(engine, *args))[-1][0]))
+    finally:
+        OVERLAPS.end(other)
+    assert "Done in" in shared and SHARED_NOTE in shared
+    assert ui_app.OVERLAPS is OVERLAPS
+    again = html.unescape(str(list(run_comparison(engine, *args))[-1][0]))
+    assert SHARED_NOTE not in again  # the record forgets runs that ended

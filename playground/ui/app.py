@@ -16,6 +16,7 @@ the insight charts of :mod:`.insight`), Benchmark (:mod:`.bench_tab`), Theory
 from __future__ import annotations
 
 import hashlib
+import html
 import inspect
 import json
 import logging
@@ -33,7 +34,7 @@ from . import step_inspector, theory_tab, wording, worker
 from .inputs import STOP_INPUT, _parse, input_names, model_settings_note, run_arguments, stop_lines  # noqa: F401
 from .knobs import KEEP_ON_CLEAR_JS, knob_input
 from .legend import legend_sources  # noqa: F401  (read as app.legend_sources)
-from .run_control import EventPump, StopSignals, reading_status, waiting_status
+from .run_control import OVERLAPS, SHARED_NOTE, EventPump, StopSignals, reading_status, waiting_status
 from .run_view import RunView
 from .toast import warning
 
@@ -151,7 +152,7 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None, scope=None) 
         Bad input yields one status message (and a warning toast) and ends; it never raises.
     """
     stream = stream or worker.RUN
-    events = view = None
+    events = view = ticket = None
     try:
         try:
             prompt, specs, settings = _parse(values)
@@ -160,6 +161,7 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None, scope=None) 
             yield _message_only(render.status_html("warning", str(e)))
             return
         view = RunView(engine, specs, settings, prompt)
+        ticket = OVERLAPS.begin()
         labels = ", ".join(METHODS[s.name].label for s in specs)
         start = last = last_chart = time.perf_counter()
         # Pulled in a helper thread, so Stop answers at once even inside a long engine call; in
@@ -219,6 +221,9 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None, scope=None) 
                 "done", f"Done in {time.perf_counter() - start:.1f} s (methods run side by side, one step each "
                         "in turn; each method's speed counts only its own steps).")
         view.status += guide.verdict_html(view.summary())  # "Fastest: ..., 1.24× the baseline, ..."
+        if OVERLAPS.shared(ticket):
+            warning(SHARED_NOTE)
+            view.status += f'<div id="run-shared" style="margin-top:4px;font-size:14px">⚠ {html.escape(SHARED_NOTE)}</div>'
         view.refresh_figures()
         yield view.values(final=True)
     except ValueError as e:  # the engine's checks before the first step
@@ -233,6 +238,8 @@ def run_comparison(engine: Engine, *values, stream=None, stop=None, scope=None) 
     finally:
         if events is not None:
             events.close()  # cancels the run after its current step
+        if ticket is not None:
+            OVERLAPS.end(ticket)
 
 
 # ----- the page ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from playground.engine import BASELINE, METHODS, Knob, MethodSpec
 
 from . import charts, models_tab, render, worker
 from .knobs import LooseCheckboxGroup, knob_input
-from .run_control import EventPump, StopSignals
+from .run_control import OVERLAPS, SHARED_NOTE, EventPump, StopSignals
 from .bench_view import (category_title, column_title, column_widths, ended_progress, load_leaderboard,  # noqa: F401
                          method_title, number_text, plan_html, plan_problem_html, progress_html, speedup_text,
                          status_text, write_files)
@@ -263,7 +263,7 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
     """
     stream = stream or worker.BENCH
     records: list[dict] = []
-    items = None  # the benchmark's EventPump, once started
+    items = ticket = None  # the benchmark's EventPump, once started; its OVERLAPS ticket
     warn = (lambda msg: (f'<span class="bench-warning">⚠ {html.escape(msg)}</span>', gr.skip(), *(gr.skip(),) * 6))
     try:
         try:
@@ -275,6 +275,7 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
             yield warn(str(e))
             return
         total = sum(len(q.turns) for q in questions) * len(specs)
+        ticket = OVERLAPS.begin()
         folder = Path(tempfile.mkdtemp(prefix="bench-"))
         t0 = time.perf_counter()
         settings = {"max_new_tokens": max_new, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0}
@@ -315,8 +316,12 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
             note = f"question {rec['question_id']}, turn {rec['turn'] + 1}: every method done"
             yield _outputs(status_text(f"Running… {render.plural(len(records), 'run')} done"),
                            progress_html(done, total, note, running=True), records, write_files(records, folder))
-        yield _outputs(status_text(f"Done: {render.plural(len(records), 'run')} in {time.perf_counter() - t0:.0f} s "
-                                   f"(greedy, max new tokens {max_new})."), progress_html(done, total, "done"),
+        done_text = (f"Done: {render.plural(len(records), 'run')} in {time.perf_counter() - t0:.0f} s "
+                     f"(greedy, max new tokens {max_new}).")
+        if OVERLAPS.shared(ticket):
+            warning(SHARED_NOTE)
+            done_text += " " + SHARED_NOTE
+        yield _outputs(status_text(done_text), progress_html(done, total, "done"),
                        records, write_files(records, folder) if records else (None, None))
     except Exception as e:  # never let a benchmark take the server down
         message = f"Unexpected error: {type(e).__name__}: {_user_message(e, upload)}"
@@ -325,6 +330,8 @@ def run_benchmark(engine, set_name, upload, categories, methods, per_category, m
     finally:  # Stop or the page went away: the benchmark ends at its next tick or record
         if items is not None:
             items.close()
+        if ticket is not None:
+            OVERLAPS.end(ticket)
 
 
 def _category_options(categories: list[str]) -> list[tuple[str, str]]:

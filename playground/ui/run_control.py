@@ -84,6 +84,51 @@ class StopSignals:
             return len(self._flags)
 
 
+class Overlaps:
+    """Which runs shared the machine with another (thread-safe): two runs may be in flight at once.
+
+    The engine serialises their steps, but one run's page updates (rendering a panel's HTML, the
+    charts) and its own Python work run beside the other's steps on the same cores, so both runs'
+    timings, and the speedups drawn from them, are distorted (two tabs on a 2-core CPU: prompt lookup
+    at 0.68x instead of about 1.0x). The page's runs and the Benchmark tab's check in with
+    :meth:`begin` and out with :meth:`end`; :meth:`shared` tells a run, before it reports its
+    speeds, whether another run was in flight at any moment of it, so it can say so.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._active = 0
+        self._starts = 0
+
+    def begin(self) -> tuple[int, bool]:
+        """Check a run in; returns its ticket (for :meth:`shared` and :meth:`end`)."""
+        with self._lock:
+            ticket = (self._starts + 1, self._active > 0)
+            self._active += 1
+            self._starts += 1
+            return ticket
+
+    def shared(self, ticket: tuple[int, bool]) -> bool:
+        """Whether another run was in flight at some moment since ``ticket``'s run began: one was
+        then, or one began since."""
+        with self._lock:
+            return ticket[1] or self._starts != ticket[0]
+
+    def end(self, ticket: tuple[int, bool]) -> bool:
+        """Check the run out; returns :meth:`shared` (before leaving)."""
+        with self._lock:
+            self._active -= 1
+            return ticket[1] or self._starts != ticket[0]
+
+
+OVERLAPS = Overlaps()
+"""The server's one record of runs in flight (page runs and benchmarks)."""
+
+SHARED_NOTE = ("Another run (another tab, visitor or benchmark) was in flight during part of this one and "
+               "shared the machine: this run's speeds are less reliable. Run again alone to compare methods.")
+"""What a run that shared the machine says after its speeds."""
+
+
 T = TypeVar("T")
 
 
