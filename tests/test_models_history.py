@@ -296,6 +296,11 @@ def test_table_and_comparison_escape_user_text():
     assert history.settings_text({"max_new_tokens": 64, "temperature": 0.7, "top_p": 0.9, "top_k": 0,
                                   "seed": 3, "stop_strings": ["###"]}) == \
         "64 new tokens, temperature 0.7, top-p 0.9, top-k 0, seed 3, 1 stop string"
+    # A repetition penalty changes the output: two runs that differ in it must not read the same.
+    assert history.settings_text({"max_new_tokens": 24, "temperature": 0.0, "repetition_penalty": 1.3}) == \
+        "24 new tokens, greedy, repetition penalty 1.3"
+    assert history.settings_text({"max_new_tokens": 24, "temperature": 0.0, "repetition_penalty": 1.0}) == \
+        "24 new tokens, greedy"
     assert history.table_html([]) == history.EMPTY
 
 

@@ -113,7 +113,8 @@ def _esc(value) -> str:
 
 
 def settings_text(settings: dict) -> str:
-    """The generation settings in page terms: ``64 new tokens, greedy`` or ``…, temperature 0.7, top-p 0.9``."""
+    """The generation settings in page terms: ``64 new tokens, greedy`` or ``…, temperature 0.7, top-p 0.9``,
+    then a repetition penalty other than 1 and the number of stop strings."""
     parts = [f"{settings.get('max_new_tokens', '?')} new tokens"]
     t = settings.get("temperature") or 0.0
     if t > 0:
@@ -121,6 +122,9 @@ def settings_text(settings: dict) -> str:
                      f"seed {settings.get('seed', 0)}")
     else:
         parts.append("greedy")
+    penalty = settings.get("repetition_penalty")
+    if penalty is not None and penalty != 1.0:  # None: the model's own (the page always sends a value)
+        parts.append(f"repetition penalty {penalty:g}")
     stops = settings.get("stop_strings") or []
     if stops:
         parts.append(f"{len(stops)} stop string{'s' if len(stops) != 1 else ''}")
