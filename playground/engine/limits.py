@@ -153,8 +153,8 @@ MAX_REPETITION_PENALTY = 3.0
 REPETITION_PENALTY_KNOB = Knob("repetition_penalty", "Repetition penalty", 0.5, MAX_REPETITION_PENALTY, 1.0,
                                step=0.05, integer=False,
                                info="Every token already in the prompt or the output has its logit divided by this "
-                                    "(multiplied when negative) before sampling; 1 = off. Unset: the model's own "
-                                    "default.")
+                                    "(multiplied when negative) before sampling; 1 = off. Starts at the model's own "
+                                    "default (its generation config).")
 SEED_KNOB = Knob("seed", "Seed", 0, 2**31 - 1, 0,
                  info="Seed of the sampling generator. The same seed repeats the baseline's sample; a method "
                       "that learns across runs (the budget's estimates, draft gates, suffix and recycling "

@@ -364,7 +364,8 @@ class ModelsPanel:
             return (key, msg, gr.skip(), gr.skip(), *(gr.skip() for _ in range(self._n_updates)))
         engine = self.cache.get(new_key)
         done = render.status_html("done", f"Loaded in {time.perf_counter() - started:.1f} s, for this browser tab "
-                                          "only. Every tab of the page now uses them.")
+                                          "only: its Playground, Benchmark, Theory and Advisor tabs now use them; other "
+                                          "browser tabs and visitors keep their own.")
         return (new_key, done, models_markdown(engine), self.header_fn(engine),
                 *method_updates(engine, before, self.knob_keys))
 
