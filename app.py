@@ -127,6 +127,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.threads = getattr(args, "threads", None)
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads must be at least 1, got {args.threads}")
+    if args.models_dir and not os.path.isdir(args.models_dir):
+        p.error(f"--models-dir {args.models_dir}: no such folder")
+    if args.vllm_url:  # checked before the models load, as the benchmark checks it
+        from playground.backends.vllm.server import parse_vllm_urls
+        from playground.engine import METHODS
+
+        try:
+            attached = parse_vllm_urls(args.vllm_url)
+        except ValueError as e:
+            p.error(str(e))
+        unknown = sorted(set(attached) - set(METHODS))
+        if unknown:
+            p.error(f"--vllm-url names {', '.join(unknown)}, which is no method of the playground "
+                    f"(methods: {', '.join(METHODS)})")
     return args
 
 

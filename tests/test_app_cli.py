@@ -45,6 +45,23 @@ def test_port_out_of_range_is_a_usage_error(port, message, capsys):
     assert app.parse_args(["--port", "0"]).port == 0 and app.parse_args(["--port", "65535"]).port == 65535
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--vllm-url", "nomethod=http://x:1"], "--vllm-url names nomethod, which is no method of the playground"),
+    (["--vllm-url", "foo"], "--vllm-url wants NAME=URL"),
+    (["--vllm-url", "suffix=gpu-host:8001"], "the URL must start with http:// or https://"),
+    (["--models-dir", "/nonexistent_dir"], "--models-dir /nonexistent_dir: no such folder"),
+])
+def test_bad_vllm_urls_and_models_dir_are_usage_errors_before_loading(args, message, capsys):
+    """Found by a new user: a misspelt method name in --vllm-url was taken silently (the benchmark
+    refuses it), a URL without NAME= was reported only after the models loaded, and a missing
+    --models-dir folder was accepted."""
+    with pytest.raises(SystemExit) as exc:
+        app.parse_args(args)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert app.parse_args(["--vllm-url", "suffix=http://gpu-host:8001"]).vllm_url == ["suffix=http://gpu-host:8001"]
+
+
 def test_port_from_the_environment_out_of_range_falls_back(monkeypatch):
     """GRADIO_SERVER_PORT outside the range is ignored like a non-number (the default 7860 is used)."""
     monkeypatch.setenv("GRADIO_SERVER_PORT", "70000")
