@@ -92,7 +92,8 @@ def test_cli_refuses_records_without_a_baseline(tmp_path, capsys):
 
 def test_a_saved_curve_is_the_budgets_curve_too(tmp_path):
     """With a cost file, every drafter's per-step budget prunes with the file's curve (not one timed on
-    the spot, which moves with the machine's load), and a missing file is written from one timing."""
+    the spot, which moves with the machine's load), and a missing file is written from one timing, its
+    folder made."""
     import json
 
     from playground.bench.replay import replay_cost
@@ -104,7 +105,7 @@ def test_a_saved_curve_is_the_budgets_curve_too(tmp_path):
     assert cost.as_dict() == COST.as_dict()
     drafter = engine.make_drafter(MethodSpec("prompt_lookup"))  # budget auto
     assert drafter.budget_cost is cost
-    fresh = tmp_path / "fresh.json"
+    fresh = tmp_path / "artifacts" / "fresh.json"  # in a folder not made yet (a clone has no artifacts/)
     timed = replay_cost(Engine(FakeLoaded(tiny_llama(2))), str(fresh))
     from playground.engine import StepCost
     assert StepCost.from_dict(json.loads(fresh.read_text())).as_dict() == timed.as_dict()

@@ -28,6 +28,7 @@ import gzip
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -128,6 +129,7 @@ def replay_cost(engine, path: str | None):
         return engine.persistent("step_cost", lambda: saved)
     cost = engine_step_cost(engine)  # timed once on this machine: every method is replayed with it
     if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)  # e.g. artifacts/, which a clone lacks
         with open(path, "w") as f:
             json.dump(cost.as_dict(), f)
     return cost
