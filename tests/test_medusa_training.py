@@ -258,3 +258,19 @@ def test_help_shows_every_option_with_its_default(capsys):
                  "(default: 0.05)", "(default: auto)", "(default: 0)", "number of heads, 1 to 16"):
         assert text in out, text
     assert "(default: None)" not in out and "(default: False)" not in out
+
+
+@pytest.mark.parametrize("trainer_name", ["medusa", "draft", "eagle"])
+def test_every_trainer_answers_a_missing_or_wrong_data_file_with_one_line(tmp_path, capsys, trainer_name):
+    """Found by a new user: the draft and EAGLE trainers answered a missing --data file, or a file of
+    other records (a benchmark's), with a traceback; now, as the Medusa trainer did, one line and exit
+    status 2, before any model loads."""
+    import importlib
+
+    trainer = importlib.import_module(f"playground.training.{trainer_name}")
+    wrong = tmp_path / "results.jsonl"
+    wrong.write_text(json.dumps({"question_id": 81, "method": "autoregressive"}) + "\n")
+    for data, said in ((tmp_path / "missing.jsonl", "No such file"), (wrong, "needs input_ids and prompt_len")):
+        assert trainer.main(["--data", str(data), "--out", str(tmp_path / "out"), "--target", "/no/such/model"]) == 2
+        err = capsys.readouterr().err
+        assert f"error: cannot read --data {data}: " in err and said in err and "Traceback" not in err

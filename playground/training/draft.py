@@ -275,8 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: --device {args.device}: {e}", file=sys.stderr)
         return 2
+    try:  # before the model loads: a wrong path is said at once
+        records = load_records(args.data)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: cannot read --data {' '.join(map(str, args.data))}: {e}", file=sys.stderr)
+        return 2
     target = load_model(args.target, device="cpu", dtype="float32")
-    records = load_records(args.data)
     train, held = split_records(records, args.held_out, args.seed)
     print(f"[draft] {len(records)} conversations: {len(train)} train, {len(held)} held out; "
           f"{sum(len(r['input_ids']) for r in train)} training tokens")

@@ -219,7 +219,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t_start = time.perf_counter()
-    records = [dict(r, input_ids=r["input_ids"][:args.max_len]) for r in read_records(args.data)]
+    try:
+        records = [dict(r, input_ids=r["input_ids"][:args.max_len]) for r in read_records(args.data)]
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: cannot read --data {' '.join(map(str, args.data))}: {e}", file=sys.stderr)
+        return 2
     records = [r for r in records if len(r["input_ids"]) > r["prompt_len"] + 1]
     if not records:
         print("error: no training records in --data", file=sys.stderr)

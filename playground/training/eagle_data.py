@@ -15,7 +15,11 @@ import torch
 
 def read_records(sources: list[str | Path]) -> list[dict]:
     """Records ``{"input_ids", "prompt_len", "chunk"}`` from chunk folders (``chunk_*.jsonl.gz``),
-    ``.jsonl.gz`` or ``.jsonl`` files, in a stable order; ``chunk`` names the file a record came from."""
+    ``.jsonl.gz`` or ``.jsonl`` files, in a stable order; ``chunk`` names the file a record came from.
+
+    Raises:
+        OSError: a file that cannot be read; ValueError: a line that is not JSON or not such a record.
+    """
     out = []
     for src in sources:
         p = Path(src)
@@ -23,9 +27,12 @@ def read_records(sources: list[str | Path]) -> list[dict]:
         for f in files:
             opener = gzip.open if f.suffix == ".gz" else open
             with opener(f, "rt") as fh:
-                for line in fh:
+                for n, line in enumerate(fh, 1):
                     if line.strip():
                         r = json.loads(line)
+                        if not isinstance(r, dict) or "input_ids" not in r or "prompt_len" not in r:
+                            raise ValueError(f"{f}:{n}: a conversation record needs input_ids and prompt_len "
+                                             "(the data generator's records, playground.training.tasks)")
                         out.append({"input_ids": r["input_ids"], "prompt_len": int(r["prompt_len"]),
                                     "category": r.get("category", ""), "chunk": str(f)})
     return out

@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         records = load_records(args.data)
     except (OSError, ValueError) as e:
-        print(f"error: cannot read --data {args.data!r}: {e}", file=sys.stderr)
+        print(f"error: cannot read --data {' '.join(map(str, args.data))}: {e}", file=sys.stderr)
         return 2
     if args.max_conversations:
         records = records[:args.max_conversations]
