@@ -92,7 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "speculative output equal to the baseline's) and on Apple MPS")
     p.add_argument("--preset", default=None, metavar="NAME",
                    help="model preset (target with its draft / Medusa heads): default, smollm2-1.7b, qwen2.5-7b, "
-                        "vicuna-7b-medusa, llama-2-70b; --target/--draft/--medusa given explicitly win")
+                        "vicuna-7b-medusa, llama-2-70b; --target/--draft/--medusa given explicitly win; no preset "
+                        "sets --eagle")
     on_spaces = bool(os.environ.get("SPACE_ID"))  # Hugging Face Spaces: serve on every interface
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0" if on_spaces else "127.0.0.1"),
                    help="address to listen on (0.0.0.0 for every interface)")
