@@ -129,7 +129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads must be at least 1, got {args.threads}")
     if args.models_dir and not os.path.isdir(args.models_dir):
-        p.error(f"--models-dir {args.models_dir}: no such folder")
+        p.error(f"--models-dir (or $PLAYGROUND_MODELS_DIR) {args.models_dir}: no such folder")
     if args.vllm_url:  # checked before the models load, as the benchmark checks it
         from playground.backends.vllm.server import parse_vllm_urls
         from playground.engine import METHODS

@@ -49,7 +49,7 @@ def test_port_out_of_range_is_a_usage_error(port, message, capsys):
     (["--vllm-url", "nomethod=http://x:1"], "--vllm-url names nomethod, which is no method of the playground"),
     (["--vllm-url", "foo"], "--vllm-url wants NAME=URL"),
     (["--vllm-url", "suffix=gpu-host:8001"], "the URL must start with http:// or https://"),
-    (["--models-dir", "/nonexistent_dir"], "--models-dir /nonexistent_dir: no such folder"),
+    (["--models-dir", "/nonexistent_dir"], "--models-dir (or $PLAYGROUND_MODELS_DIR) /nonexistent_dir: no such folder"),
 ])
 def test_bad_vllm_urls_and_models_dir_are_usage_errors_before_loading(args, message, capsys):
     """Found by a new user: a misspelt method name in --vllm-url was taken silently (the benchmark
