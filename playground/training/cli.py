@@ -82,3 +82,14 @@ def progress_bar(total: int, desc: str, enabled: bool):
         return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
     except ImportError:
         return _PlainBar(total, desc)
+
+
+def read_data(read, paths: list) -> list | None:
+    """``read(paths)`` (a trainer's record reader) for ``--data``; None after one error line on
+    stderr when a file is missing or holds other records, so the trainer can exit with status 2
+    before any model loads."""
+    try:
+        return read(paths)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: cannot read --data {' '.join(map(str, paths))}: {e}", file=sys.stderr)
+        return None

@@ -45,7 +45,7 @@ import torch
 from tqdm import tqdm
 
 from playground.engine import TOKEN_MAP_FILE, TokenMap
-from playground.training.cli import HelpFormatter
+from playground.training.cli import HelpFormatter, read_data
 from playground.training.data import load_records, split_records
 
 PROMPT_LOSS_WEIGHT = 0.1
@@ -275,10 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: --device {args.device}: {e}", file=sys.stderr)
         return 2
-    try:  # before the model loads: a wrong path is said at once
-        records = load_records(args.data)
-    except (OSError, ValueError, KeyError) as e:
-        print(f"error: cannot read --data {' '.join(map(str, args.data))}: {e}", file=sys.stderr)
+    records = read_data(load_records, args.data)  # before the model loads: a wrong path is said at once
+    if records is None:
         return 2
     target = load_model(args.target, device="cpu", dtype="float32")
     train, held = split_records(records, args.held_out, args.seed)

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from playground.training.cli import HelpFormatter, int_at_least, progress_bar
+from playground.training.cli import HelpFormatter, int_at_least, progress_bar, read_data
 from playground.training.eagle_data import (answer_share, draft_vocabulary, drop_seen_answers, extend_vocabulary,
                                            extended_output_rows, read_records, split_held_out)
 from playground.training.eagle_teacher import Teacher, cache_features, load_cached
@@ -219,11 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t_start = time.perf_counter()
-    try:
-        records = [dict(r, input_ids=r["input_ids"][:args.max_len]) for r in read_records(args.data)]
-    except (OSError, ValueError, KeyError) as e:
-        print(f"error: cannot read --data {' '.join(map(str, args.data))}: {e}", file=sys.stderr)
+    records = read_data(read_records, args.data)
+    if records is None:
         return 2
+    records = [dict(r, input_ids=r["input_ids"][:args.max_len]) for r in records]
     records = [r for r in records if len(r["input_ids"]) > r["prompt_len"] + 1]
     if not records:
         print("error: no training records in --data", file=sys.stderr)

@@ -44,6 +44,7 @@ import torch
 from playground.engine import MAX_MEDUSA_HEADS, MEDUSA_TOP_K
 from playground.engine import HEAD_LOSS_DECAY, MedusaHeads
 from playground.training.cli import progress_bar as _bar  # noqa: F401
+from playground.training.cli import read_data
 from playground.training.medusa_features import IGNORE, Features, _positions, _teacher, collect_features  # noqa: F401
 
 
@@ -341,10 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    try:
-        records = load_records(args.data)
-    except (OSError, ValueError) as e:
-        print(f"error: cannot read --data {' '.join(map(str, args.data))}: {e}", file=sys.stderr)
+    records = read_data(load_records, args.data)
+    if records is None:
         return 2
     if args.max_conversations:
         records = records[:args.max_conversations]

@@ -110,15 +110,14 @@ class Overlaps:
 
     def shared(self, ticket: tuple[int, bool]) -> bool:
         """Whether another run was in flight at some moment since ``ticket``'s run began: one was
-        then, or one began since."""
-        with self._lock:
-            return ticket[1] or self._starts != ticket[0]
+        then, or one began since (the count of starts moved past the ticket's)."""
+        return ticket[1] or self._starts != ticket[0]  # one int read: atomic
 
     def end(self, ticket: tuple[int, bool]) -> bool:
         """Check the run out; returns :meth:`shared` (before leaving)."""
         with self._lock:
             self._active -= 1
-            return ticket[1] or self._starts != ticket[0]
+            return self.shared(ticket)
 
 
 OVERLAPS = Overlaps()
